@@ -1,0 +1,508 @@
+"""Conformance cases: kernel-contract arguments for every op, edge cases included.
+
+Each ``Case`` builds the positional kernel arguments of one op (see
+docs/kernel_contract.md) on a device, and names which arguments the kernel
+writes.  Tests (``tests/test_conformance.py``) and ``python -m dsv41 check``
+run an implementation and the reference on clones of the same arguments and
+compare the written tensors' *whole storage* byte for byte, so stray writes
+into canary bytes around the target slots show up as mismatches too.
+
+Inputs cover: −1 slots and other negatives, DP padding rows (poisoned with
+NaN: never read), partial pages, padded page strides, scrambled pages,
+non-contiguous block tables, empty batches, zeros and −0, values at the fp8
+max, e4m3 rounding ties, tiny/huge values, NaN/Inf, large positions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import torch
+
+__all__ = ["Case", "CASES", "cases_for", "clone_args", "written_bytes", "PIPELINE"]
+
+I32, I64, BF16, F32, U8 = torch.int32, torch.int64, torch.bfloat16, torch.float32, torch.uint8
+CANARY = 0xA5
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    op: str
+    name: str
+    build: Callable  # (device) -> list of kernel args
+    writes: tuple  # indices of the args the kernel writes
+
+    @property
+    def id(self) -> str:
+        return f"{self.op}[{self.name}]"
+
+
+# --------------------------------------------------------------------------- values
+
+
+def _gen(seed: int) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
+
+
+def edge_rows(n: int, d: int, seed: int, nonfinite: bool = False) -> torch.Tensor:
+    """bf16-valued fp32 rows cycling through value kinds; per-32-dim groups at varied scales."""
+    g = _gen(seed)
+    x = torch.randn(n, d, generator=g) * torch.exp2(torch.randint(-6, 7, (n, d // 32, 1), generator=g).float()).repeat_interleave(32, 1).view(n, d)
+    kinds = [
+        lambda r: r,  # normal
+        lambda r: torch.zeros_like(r),  # all-zero groups
+        lambda r: torch.full_like(r, -0.0),  # −0: the sign of zero must survive
+        lambda r: r * 1e4,  # large
+        lambda r: r * 1e-6,  # tiny (below the 1e-4 amax floor)
+        lambda r: torch.where(torch.arange(d) % 7 == 0, torch.full_like(r, 448.0), r.clamp(-448, 448)),  # fp8 max
+        lambda r: (torch.arange(d) % 16).float() * 0.0625 + 1.0 / 1024,  # e4m3 ties / subnormals at scale 1
+        lambda r: r * 3e30,  # huge (sum of squares overflows fp32)
+        lambda r: torch.where(torch.arange(d) % 32 == 5, torch.full_like(r, 448.0 * 4), r),  # amax exactly 448*2^k
+    ]
+    if nonfinite:
+        kinds.append(lambda r: torch.where(torch.arange(d) % 9 == 1, torch.full_like(r, float("nan")), r))
+        kinds.append(lambda r: torch.where(torch.arange(d) % 11 == 2, torch.full_like(r, float("inf")), r))
+        kinds.append(lambda r: torch.where(torch.arange(d) % 13 == 3, torch.full_like(r, float("-inf")), r))
+    rows = [kinds[i % len(kinds)](x[i]) for i in range(n)]
+    out = torch.stack(rows) if rows else x
+    return out.to(BF16).to(F32)
+
+
+def _cos_sin(max_pos: int, rope: int, dtype=F32, base: float = 10000.0) -> torch.Tensor:
+    half = rope // 2
+    inv = 1.0 / (base ** (torch.arange(half, dtype=torch.float64) * 2 / rope))
+    ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv[None]
+    return torch.cat([ang.cos(), ang.sin()], 1).to(dtype)
+
+
+def _slots(n: int, num_blocks: int, block_size: int, seed: int, holes=(-1,)) -> torch.Tensor:
+    """Distinct slots in scrambled pages, the first/last slot of a page included, holes at a few rows."""
+    g = _gen(seed)
+    total = num_blocks * block_size
+    perm = torch.randperm(total, generator=g)[:n]
+    if n >= 2:
+        perm[0] = 0
+        perm[1] = total - 1
+    s = perm.to(I64)
+    for i, h in enumerate(holes):
+        if 3 + 5 * i < n:
+            s[3 + 5 * i] = h
+    return s
+
+
+def _paged(num_blocks: int, block_size: int, width: int, pad: int, dtype=U8, fill=CANARY) -> torch.Tensor:
+    """A [num_blocks, B, width] cache view over pages padded by ``pad`` bytes (canary-filled)."""
+    page = block_size * width + pad
+    if dtype == U8:
+        buf = torch.full((num_blocks * page + 64,), fill, dtype=U8)
+        return buf[32:].as_strided((num_blocks, block_size, width), (page, width, 1))
+    elem = torch.tensor([], dtype=dtype).element_size()
+    buf = torch.full((num_blocks * page // elem + 16,), 0, dtype=dtype)
+    buf.view(U8).fill_(fill)
+    return buf.as_strided((num_blocks, block_size, width), (page // elem, width, 1), 8)
+
+
+def _random_cache_bytes(cache: torch.Tensor, seed: int) -> None:
+    g = _gen(seed)
+    cache.copy_(torch.randint(0, 256, cache.shape, generator=g, dtype=U8))
+
+
+def _to(device, xs):
+    return [x.to(device) if isinstance(x, torch.Tensor) and x.device.type != "meta" else x for x in xs]
+
+
+def _on(device, xs):
+    """Move tensors to ``device`` keeping strides and storage offsets (views over canary storage)."""
+    out = []
+    for x in xs:
+        if isinstance(x, torch.Tensor):
+            st = x.untyped_storage()
+            nb = torch.empty(0, dtype=x.dtype, device=device)
+            nb.set_(torch.tensor([], dtype=U8).new_empty(0).untyped_storage() if False else _copy_storage(st, device), x.storage_offset(), x.shape, x.stride())
+            out.append(nb)
+        else:
+            out.append(x)
+    return out
+
+
+def _copy_storage(st, device):
+    raw = torch.empty(st.nbytes(), dtype=U8)
+    raw.untyped_storage().copy_(st)
+    return raw.to(device).untyped_storage()
+
+
+def clone_args(args: list) -> list:
+    """Deep copy keeping views: each tensor gets its own copy of its whole storage."""
+    out = []
+    for x in args:
+        if isinstance(x, torch.Tensor):
+            st = x.untyped_storage()
+            new = torch.empty(0, dtype=x.dtype, device=x.device)
+            raw = torch.empty(st.nbytes(), dtype=U8, device=x.device)
+            raw.untyped_storage().copy_(st)
+            new.set_(raw.untyped_storage(), x.storage_offset(), x.shape, x.stride())
+            out.append(new)
+        else:
+            out.append(x)
+    return out
+
+
+def written_bytes(t: torch.Tensor) -> torch.Tensor:
+    """The whole backing storage of ``t`` as uint8 on the CPU."""
+    st = t.untyped_storage()
+    raw = torch.empty(st.nbytes(), dtype=U8, device=t.device)
+    raw.untyped_storage().copy_(st)
+    return raw.cpu()
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def _quant_insert(width, fnuz, block_size=64, n=40, pad=512, nonfinite=False, seed=1):
+    def build(device):
+        nb = max(3, math.ceil(n / block_size) + 2)
+        k = edge_rows(n + 4, 512, seed, nonfinite).to(BF16)
+        k[n:] = float("nan")  # DP padding rows: never read
+        cache = _paged(nb, block_size, width, pad)
+        flat = cache.as_strided((nb, cache.stride(0)), (cache.stride(0), 1))
+        slots = _slots(n, nb, block_size, seed, holes=(-1, -1, -3))
+        return _on(device, [k, flat, slots, block_size, fnuz, width])
+
+    return build
+
+
+def _gather(width, fnuz, partial=False, noncontig=False, block_size=64, seed=2):
+    def build(device):
+        from .reference.k_cache import quantize_and_insert_k_cache as ref_insert
+
+        nb = 7
+        cache = _paged(nb, block_size, width, 512)
+        if width == 288:
+            _random_cache_bytes(cache, seed)
+        else:
+            _random_cache_bytes(cache[5:], seed)  # one page of random bytes: codes 0/255, NaN bytes
+            rows = edge_rows(5 * block_size, 512, seed).to(BF16)
+            flat = cache.as_strided((nb, cache.stride(0)), (cache.stride(0), 1))
+            ref_insert(rows, flat, torch.arange(5 * block_size, dtype=I64), block_size, fnuz, width)
+        seq = torch.tensor([70, 2 * block_size + 9, 5, 0], dtype=I32)
+        table = torch.tensor([[0, 2, 5, -1], [3, 1, 4, 5], [6, -1, -1, -1], [-1, -1, -1, -1]], dtype=I32)
+        if noncontig:
+            wide = torch.full((4, 9), -1, dtype=I32)
+            wide[:, ::2][:, :4] = table
+            table = wide[:, ::2]  # non-contiguous rows and columns... columns must stay unit-stride
+            table = wide.as_strided((4, 4), (9, 1))
+            table.copy_(torch.tensor([[0, 2, 5, -1], [3, 1, 4, 5], [6, -1, -1, -1], [-1, -1, -1, -1]], dtype=I32))
+        gl = torch.tensor([13, 2 * block_size + 9, 0, 0], dtype=I32) if partial else None
+        offset = 3 if partial else 0
+        rows_out = 2 * block_size + 9 + offset + 2
+        out = torch.empty((4, rows_out, 512), dtype=BF16)
+        out.view(torch.int16).fill_(-8531)  # 0xDEAD canary
+        return _on(device, [out, cache, seq, gl, table, block_size, offset, fnuz])
+
+    return build
+
+
+def _global_topk(k=37, noncontig=True, n=12, seed=3):
+    def build(device):
+        g = _gen(seed)
+        idx = torch.randint(-1, 6 * 64, (n, k), generator=g, dtype=I32)
+        if n > 2:
+            idx[2] = -1
+        wide = torch.randint(0, 50, (3, 11), generator=g, dtype=I32)
+        table = wide[:, :6] if noncontig else wide[:, :6].contiguous()
+        t2r = torch.randint(0, 3, (n + 3,), generator=g, dtype=I32)
+        valid = torch.rand(n + 3, generator=g) > 0.25
+        out = torch.full((n, k), -7, dtype=I32)
+        lens = torch.full((n,), -7, dtype=I32)
+        return _on(device, [idx, t2r, table, 64, valid, out, lens])
+
+    return build
+
+
+def _combine(cr, topk, window=128, seed=4, rebased=True):
+    def build(device):
+        g = _gen(seed)
+        ql = [5, 0, 7, 9]
+        base = 11 if rebased else 0
+        qsl = torch.tensor([base] + [base + sum(ql[: i + 1]) for i in range(len(ql))], dtype=I32)
+        t = sum(ql) + 3  # 3 tokens past the last request
+        seq = torch.tensor([40, 3, 300, 9], dtype=I32)
+        gl = torch.tensor([30, 3, 200, 9], dtype=I32)
+        width = max(topk, 1) + 5
+        idx = torch.randint(-1, 120, (t, width), generator=g, dtype=I32)
+        w_out = (topk + window + 127) // 128 * 128
+        out = torch.full((t, w_out), -7, dtype=I32)
+        lens = torch.full((t,), -7, dtype=I32)
+        return _on(device, [idx, qsl, seq, gl, window, cr, topk, 1024, 512, out, lens])
+
+    return build
+
+
+def _flashinfer(local=False, decode_comp=True, lens=True, spans=(None, None), d=3, p=15, seed=5):
+    def build(device):
+        g = _gen(seed)
+        window, topk, cr, bs = 128, 50, 4, 64
+        w_swa = 128
+        reqs_dec = d
+        ql_pre = [7, 8] if p else []
+        ql = [1] * reqs_dec + ql_pre
+        r = len(ql)
+        qsl = torch.tensor([0] + [sum(ql[: i + 1]) for i in range(r)], dtype=I32)
+        seq = torch.randint(20, 600, (r,), generator=g, dtype=I32)
+        replay = torch.zeros(r, dtype=I32)
+        if r > 1:
+            replay[-1] = int(seq[-1]) - 3  # above some positions: swa_len <= 0
+        t2r = torch.cat([torch.full((n,), i, dtype=I32) for i, n in enumerate(ql)] + [torch.zeros(2, dtype=I32)])
+        swa_table = torch.randint(0, 40, (r, 12), generator=g, dtype=I32)
+        comp_table = torch.randint(0, 40, (r, 5), generator=g, dtype=I32)
+        dswa = torch.randint(-1, 2000, (d, w_swa), generator=g, dtype=I32)
+        k_dec = 44 if local else 53
+        dcomp = torch.randint(-1, 300 if local else 5000, (d, k_dec), generator=g, dtype=I32) if decode_comp else None
+        dlens = torch.randint(0, k_dec, (d + 1,), generator=g, dtype=I32) if (lens and decode_comp and not local) else None
+        valid = (torch.rand(d + 1, generator=g) > 0.3) if local else None
+        pre = torch.randint(-1, 150, (p, 50), generator=g, dtype=I32)
+        padded = (max(topk, k_dec if decode_comp else 0) + 3) // 4 * 4
+        out = torch.full((d + p, w_swa + padded), -7, dtype=I32)
+        out_lens = torch.full((d + p,), -7, dtype=I32)
+        sspan = spans[0] if spans[0] is not None else bs
+        cspan = spans[1] if spans[1] is not None else bs
+        return _on(
+            device,
+            [dswa, dcomp, dlens, pre, qsl, seq, t2r, swa_table, bs, comp_table, bs, window, cr, topk,
+             local and decode_comp, valid, sspan, cspan, replay, out, out_lens],
+        )
+
+    return build
+
+
+def _save_compress(cr, seed=6):
+    def build(device):
+        g = _gen(seed)
+        if cr == 1:
+            rows = 12
+            kv = torch.randn(rows, 528, generator=g)[:, :512]
+            kv[3] = 0.0
+            kv[4] *= 1e4
+            kv[5] *= 1e-6
+            slots = torch.tensor([0, 1, -1, 3, 4, 5, -1, 7, 8, 9], dtype=I64)
+            kv[10:] = float("nan")
+            pos = torch.arange(rows, dtype=I64) + 100
+            latent = torch.full((rows, 512), float("nan"), dtype=BF16)
+            w = (torch.rand(512, generator=g) + 0.5).to(BF16)
+            return _on(device, [kv, pos, None, slots, None, None, w, 1e-6, 1, latent])
+        cap = 4
+        qsl = torch.tensor([0, 6, 11, 19], dtype=I32)
+        starts = [10, 7, 20]  # even start, odd start (pools with the ring), first slot −1
+        pos = torch.cat([torch.arange(s, s + int(qsl[i + 1] - qsl[i])) for i, s in enumerate(starts)]).to(I64)
+        t = 19
+        kv = torch.randn(t + 2, 1024, generator=g)
+        kv[t:] = float("nan")
+        pos = torch.cat([pos, torch.zeros(2, dtype=I64)])
+        t2r = torch.tensor([0] * 6 + [1] * 5 + [2] * 8, dtype=I32)
+        ring_block = torch.tensor([0, 2, 3])
+        slots = (ring_block[t2r.long()] * cap + pos[:t] % cap).to(I64)
+        slots[11] = -1
+        state = torch.randn(4, cap, 1024, generator=g)
+        latent = torch.full((t + 2, 512), float("nan"), dtype=BF16)
+        w = (torch.rand(512, generator=g) + 0.5).to(BF16)
+        return _on(device, [kv, pos, state, slots, qsl, t2r, w, 1e-6, 2, latent])
+
+    return build
+
+
+def _rope_insert(kind, cr, sanitize=False, nonfinite=False, cs_dtype=F32, seed=7, large_pos=False):
+    def build(device):
+        n, bs, nb = 24, 64, 5
+        latent = edge_rows(n + 2, 512, seed, nonfinite).to(BF16)
+        latent[n:] = float("nan")
+        max_pos = 70000 if large_pos else 512
+        pos = torch.randint(0, max_pos, (n + 2,), generator=_gen(seed), dtype=I64)
+        pos[:8] = torch.arange(8) + (max_pos - 8)
+        cs = _cos_sin(max_pos, 64, cs_dtype)
+        slots = _slots(n, nb, bs, seed, holes=(-1, -5))
+        scale = None
+        if kind in (584, 528, 288):
+            cache = _paged(nb, bs, kind, 512)
+        elif kind == "bf16":
+            cache = _paged(nb, bs, 512, 0, BF16)
+        else:
+            cache = _paged(nb, bs, 512, 0, torch.float8_e4m3fn)
+            scale = torch.tensor([0.0375], dtype=F32)
+        return _on(device, [latent, pos, cs, cache, slots, cr, scale, sanitize])
+
+    return build
+
+
+def _indexer_k(fp4, tiled, cr, n_per_tile=0, seed=8):
+    def build(device):
+        n, bs, nb = 20, 64, 4
+        k = edge_rows(n + 3, 128, seed).to(BF16)
+        k[n:] = float("nan")
+        pos = torch.randint(0, 512, (n + 3,), generator=_gen(seed), dtype=I64)
+        cs = _cos_sin(512, 64)
+        w = (torch.rand(128, generator=_gen(seed + 1)) + 0.5).to(BF16)
+        width = 68 if fp4 else 132
+        cache = _paged(nb, bs, width, 64)
+        slots = _slots(n, nb, bs, seed, holes=(-1,))
+        return _on(device, [k, pos, cs, w, 1e-6, cache, slots, cr, fp4, n_per_tile, tiled])
+
+    return build
+
+
+def _indexer_q(fp4, fnuz=False, weights_bf16=False, cs_dtype=F32, t=6, h=8, seed=9):
+    def build(device):
+        q = edge_rows(t * h, 128, seed).view(t, h, 128).to(BF16)
+        pos = torch.randint(0, 512, (t,), generator=_gen(seed), dtype=I64)
+        cs = _cos_sin(512, 64, cs_dtype)
+        w = torch.randn(t, h, generator=_gen(seed + 1)).to(BF16)
+        if fp4:
+            q_out = torch.full((t, h, 64), CANARY, dtype=U8)
+            s_out = torch.full((t, h, 4), CANARY, dtype=U8)
+            w_out = torch.full((t, h), 7.0, dtype=BF16 if weights_bf16 else F32)
+        else:
+            q_out = torch.full((t, h, 128), CANARY, dtype=U8).view(torch.float8_e4m3fnuz if fnuz else torch.float8_e4m3fn)
+            s_out = torch.empty((0,), dtype=U8)
+            w_out = torch.full((t, h), 7.0, dtype=F32)
+        return _on(device, [pos, q, cs, w, 128 ** -0.5, 0.125, fp4, fnuz, q_out, s_out, w_out])
+
+    return build
+
+
+def _inv_rope(qgs=128, tma=False, quantize=True, permuted=False, t=5, seed=10):
+    def build(device):
+        g_, hpg, dh = 2, 4, 512
+        o = edge_rows(t * g_ * hpg, dh, seed).view(t, g_ * hpg, dh).to(BF16)
+        pos = torch.randint(0, 512, (t,), generator=_gen(seed), dtype=I64)
+        cs = _cos_sin(512, 64)
+        dg = hpg * dh
+        if quantize:
+            ta = (t + 3) // 4 * 4
+            k = (dg // qgs + 3) // 4 if tma else dg // qgs
+            out = torch.full((g_, t, dg), CANARY, dtype=U8).view(torch.float8_e4m3fn)
+            sc = torch.full((g_, k * ta), -7, dtype=torch.int32)
+            if not tma:
+                sc = sc.view(F32)
+        else:
+            out = torch.full((g_, t, dg), 7.0, dtype=BF16)
+            sc = torch.empty((g_, 0), dtype=F32)
+        return _on(device, [o, pos, cs, g_, hpg, 448, 64, qgs, tma, quantize, permuted, out, sc])
+
+    return build
+
+
+def _qkv_norm(t, qs=1536, ks=512, seed=11):
+    def build(device):
+        qr = edge_rows(t, qs, seed).to(BF16)
+        kv = edge_rows(t, ks, seed + 1).to(BF16)
+        qw = (torch.rand(qs, generator=_gen(seed)) + 0.5).to(BF16)
+        kw = (torch.rand(ks, generator=_gen(seed + 1)) + 0.5).to(BF16)
+        tp, gp = (t + 127) // 128 * 128, (qs // 32 + 3) // 4 * 4
+        q_out = torch.full((t, qs), CANARY, dtype=U8).view(torch.float8_e4m3fn)
+        s_out = torch.full((tp * gp,), CANARY, dtype=U8)
+        kv_out = torch.full((t, ks), 7.0, dtype=BF16)
+        return _on(device, [qr, kv, qw, kw, 1e-6, q_out, s_out, kv_out])
+
+    return build
+
+
+def _pad_q(t, h, hp, seed=12):
+    def build(device):
+        q = torch.randn(t, h, 512, generator=_gen(seed)).to(BF16)
+        out = torch.full((t, hp, 512), 7.0, dtype=BF16)
+        return _on(device, [q, out])
+
+    return build
+
+
+def _all_cases() -> list[Case]:
+    c = []
+    A = c.append
+    for w in (584, 528):
+        for fnuz in (False, True):
+            f = "fnuz" if fnuz else "ocp"
+            A(Case("quantize_and_insert_k_cache", f"{w}-{f}", _quant_insert(w, fnuz), (1,)))
+            A(Case("quantize_and_insert_k_cache", f"{w}-{f}-nonfinite", _quant_insert(w, fnuz, nonfinite=True), (1,)))
+            A(Case("quantize_and_insert_k_cache", f"{w}-{f}-b16-nopad", _quant_insert(w, fnuz, block_size=16, pad=0, n=50), (1,)))
+        A(Case("quantize_and_insert_k_cache", f"{w}-empty", _quant_insert(w, False, n=0), (1,)))
+    for w in (584, 528, 288):
+        for fnuz in ((False, True) if w != 288 else (False,)):
+            f = "fnuz" if fnuz else "ocp"
+            A(Case("dequantize_and_gather_k_cache", f"{w}-{f}-full", _gather(w, fnuz), (0,)))
+            A(Case("dequantize_and_gather_k_cache", f"{w}-{f}-partial", _gather(w, fnuz, partial=True), (0,)))
+        A(Case("dequantize_and_gather_k_cache", f"{w}-noncontig-table", _gather(w, False, noncontig=True), (0,)))
+        A(Case("dequantize_and_gather_k_cache", f"{w}-b16", _gather(w, False, block_size=16, partial=True), (0,)))
+    A(Case("compute_global_topk_indices_and_lens", "basic", _global_topk(), (5, 6)))
+    A(Case("compute_global_topk_indices_and_lens", "wide-1030", _global_topk(k=1030, noncontig=False), (5, 6)))
+    A(Case("compute_global_topk_indices_and_lens", "empty", _global_topk(n=0), (5, 6)))
+    A(Case("combine_topk_swa_indices", "cr4", _combine(4, 50), (9, 10)))
+    A(Case("combine_topk_swa_indices", "cr0-swa-only", _combine(0, 0), (9, 10)))
+    A(Case("combine_topk_swa_indices", "cr1-not-rebased", _combine(1, 64, rebased=False), (9, 10)))
+    A(Case("build_flashinfer_mixed_sparse_indices", "global", _flashinfer(), (19, 20)))
+    A(Case("build_flashinfer_mixed_sparse_indices", "global-nolens", _flashinfer(lens=False), (19, 20)))
+    A(Case("build_flashinfer_mixed_sparse_indices", "local-span", _flashinfer(local=True, spans=(80, 70)), (19, 20)))
+    A(Case("build_flashinfer_mixed_sparse_indices", "no-decode-compressed", _flashinfer(decode_comp=False), (19, 20)))
+    A(Case("build_flashinfer_mixed_sparse_indices", "decode-only", _flashinfer(p=0), (19, 20)))
+    A(Case("build_flashinfer_mixed_sparse_indices", "prefill-only", _flashinfer(d=0, decode_comp=False), (19, 20)))
+    A(Case("fused_save_compress_norm", "cr1", _save_compress(1), (9,)))
+    A(Case("fused_save_compress_norm", "cr2-ring", _save_compress(2), (2, 9)))
+    for kind in (584, 528, 288, "bf16", "fp8"):
+        for cr in (1, 2):
+            A(Case("rope_quant_insert", f"{kind}-cr{cr}", _rope_insert(kind, cr), (3,)))
+    for kind in (584, 528, 288):
+        A(Case("rope_quant_insert", f"{kind}-nonfinite", _rope_insert(kind, 1, nonfinite=True), (3,)))
+        A(Case("rope_quant_insert", f"{kind}-sanitize", _rope_insert(kind, 1, sanitize=True, nonfinite=True), (3,)))
+    A(Case("rope_quant_insert", "528-bf16-cos-sin", _rope_insert(528, 1, cs_dtype=BF16), (3,)))
+    A(Case("rope_quant_insert", "528-large-positions", _rope_insert(528, 2, large_pos=True), (3,)))
+    for fp4 in (False, True):
+        for tiled in (False, True):
+            for cr in (1, 2):
+                A(Case("indexer_k_norm_rope_store", f"{'mxfp4' if fp4 else 'fp8'}-{'tiled' if tiled else 'rows'}-cr{cr}",
+                       _indexer_k(fp4, tiled, cr, n_per_tile=16 if fp4 and tiled else 0), (5,)))
+    A(Case("indexer_k_norm_rope_store", "mxfp4-tiled-n64", _indexer_k(True, True, 1, n_per_tile=64), (5,)))
+    A(Case("fused_indexer_q_rope_quant", "fp8-ocp", _indexer_q(False), (8, 10)))
+    A(Case("fused_indexer_q_rope_quant", "fp8-fnuz", _indexer_q(False, fnuz=True), (8, 10)))
+    A(Case("fused_indexer_q_rope_quant", "fp8-bf16-cos-sin", _indexer_q(False, cs_dtype=BF16), (8, 10)))
+    A(Case("fused_indexer_q_rope_quant", "mxfp4", _indexer_q(True), (8, 9, 10)))
+    A(Case("fused_indexer_q_rope_quant", "mxfp4-bf16-weights", _indexer_q(True, weights_bf16=True), (8, 9, 10)))
+    A(Case("fused_inv_rope_fp8_quant", "fp32-scales", _inv_rope(), (11, 12)))
+    A(Case("fused_inv_rope_fp8_quant", "tma-packed", _inv_rope(tma=True), (11, 12)))
+    A(Case("fused_inv_rope_fp8_quant", "no-quant", _inv_rope(quantize=False), (11, 12)))
+    A(Case("fused_inv_rope_fp8_quant", "qgs32", _inv_rope(qgs=32), (11, 12)))
+    A(Case("fused_inv_rope_fp8_quant", "permuted", _inv_rope(qgs=32, tma=True, permuted=True), (11, 12)))
+    A(Case("fused_inv_rope_fp8_quant", "t8-no-pad", _inv_rope(t=8), (11, 12)))
+    A(Case("fused_q_kv_rmsnorm_quant", "t5", _qkv_norm(5), (5, 6, 7)))
+    A(Case("fused_q_kv_rmsnorm_quant", "t130-two-tiles", _qkv_norm(130, qs=1024, ks=448), (5, 6, 7)))
+    A(Case("pad_fused_q_heads", "8to16", _pad_q(3, 8, 16), (1,)))
+    A(Case("pad_fused_q_heads", "5to32", _pad_q(2, 5, 32), (1,)))
+    return c
+
+
+CASES = _all_cases()
+
+# The pipeline ``python -m dsv41 check`` runs: insert -> gather -> sparse indices
+# -> indexer q/k -> inverse-RoPE quant, plus the module ops around them.
+PIPELINE = (
+    "quantize_and_insert_k_cache[528-ocp]",
+    "quantize_and_insert_k_cache[584-ocp]",
+    "dequantize_and_gather_k_cache[528-ocp-partial]",
+    "dequantize_and_gather_k_cache[584-ocp-full]",
+    "dequantize_and_gather_k_cache[288-ocp-full]",
+    "compute_global_topk_indices_and_lens[basic]",
+    "combine_topk_swa_indices[cr4]",
+    "build_flashinfer_mixed_sparse_indices[global]",
+    "fused_save_compress_norm[cr2-ring]",
+    "rope_quant_insert[528-cr2]",
+    "indexer_k_norm_rope_store[fp8-rows-cr2]",
+    "fused_indexer_q_rope_quant[fp8-ocp]",
+    "fused_inv_rope_fp8_quant[fp32-scales]",
+    "fused_q_kv_rmsnorm_quant[t5]",
+    "pad_fused_q_heads[8to16]",
+)
+
+
+def cases_for(op: str) -> list[Case]:
+    return [c for c in CASES if c.op == op]

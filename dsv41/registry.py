@@ -1,0 +1,242 @@
+"""Per-op choice of implementation, made once and explained.
+
+Each backend (``dsv41/backends/<name>/``) publishes a capability sheet: a
+``Backend`` subclass whose plain attributes say which device type, vendors,
+architectures and packages it needs and which ops it implements.  For every op
+the registry walks the candidates in order, keeps the first runnable one per
+torch device type, and remembers why every other candidate was rejected.
+
+Overrides: ``DSV41_BACKEND=<name>`` forces every op, ``DSV41_BACKEND_<OP>=<name>``
+one op (``<OP>`` = the op name in capitals).  A forced backend that cannot run
+raises ``BackendUnavailable`` with the reasons; an automatic choice falls back
+along the list and logs the fallback once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+import os
+import threading
+from typing import Callable
+
+from . import platform as _platform
+
+__all__ = [
+    "Backend",
+    "BackendUnavailable",
+    "Resolution",
+    "OPS",
+    "backend_names",
+    "resolve",
+    "kernel",
+    "reset",
+    "candidates",
+]
+
+log = logging.getLogger("dsv41")
+
+# Every dispatched op, in pipeline order.
+OPS = (
+    "quantize_and_insert_k_cache",
+    "dequantize_and_gather_k_cache",
+    "compute_global_topk_indices_and_lens",
+    "combine_topk_swa_indices",
+    "build_flashinfer_mixed_sparse_indices",
+    "fused_save_compress_norm",
+    "rope_quant_insert",
+    "indexer_k_norm_rope_store",
+    "fused_indexer_q_rope_quant",
+    "fused_inv_rope_fp8_quant",
+    "fused_q_kv_rmsnorm_quant",
+    "pad_fused_q_heads",
+)
+
+
+class BackendUnavailable(RuntimeError):
+    """A forced backend cannot run, or no backend can run an op on a device."""
+
+
+class Backend:
+    """Capability sheet of one implementation family.  Subclasses set attributes only.
+
+    name:         registry name ("cuda:triton", "rocm", "cpu", ...)
+    family:       what ``DSV41_BACKEND=<family>`` selects ("cuda" for both cuda variants)
+    device_type:  torch device type its kernels run on; None = any device
+    vendors:      platform vendors it supports; empty = any
+    archs:        architecture names it supports; empty = any of the vendors'
+    requires:     packages (keys of ``platform.PACKAGES``) that must import
+    kernels:      op name -> "module:function" (imported lazily, on first use)
+    arch_ops:     op name -> archs that op needs beyond ``archs`` (e.g. FP4 PTX on SM100)
+    """
+
+    name: str = ""
+    family: str = ""
+    device_type: str | None = None
+    vendors: tuple = ()
+    archs: tuple = ()
+    requires: tuple = ()
+    kernels: dict = {}
+    arch_ops: dict = {}
+
+    def reasons(self, op: str, plat) -> list[str]:
+        """Why this backend cannot run ``op`` on ``plat`` (empty list: it can)."""
+        why = []
+        if op not in self.kernels:
+            why.append(f"{self.name} has no implementation of {op}")
+        if self.vendors and plat.vendor not in self.vendors:
+            why.append(f"needs a {'/'.join(self.vendors)} device, platform is {plat.vendor} ({plat.arch})")
+        elif self.archs and plat.arch not in self.archs:
+            why.append(f"needs arch {'/'.join(self.archs)}, platform is {plat.arch}")
+        elif op in self.arch_ops and plat.arch not in self.arch_ops[op]:
+            why.append(f"{op} needs arch {'/'.join(self.arch_ops[op])}, platform is {plat.arch}")
+        for pkg in self.requires:
+            st = plat.packages.get(pkg)
+            if st is None or not st.available:
+                why.append(f"package {pkg} unavailable ({st.error if st else 'not probed'})")
+        if not why:
+            why.extend(self.extra_reasons(op, plat))
+        return why
+
+    def extra_reasons(self, op: str, plat) -> list[str]:
+        """Hook for checks beyond the sheet (e.g. a compiled extension failed to build)."""
+        return []
+
+    def load(self, op: str) -> Callable:
+        module, _, fn = self.kernels[op].partition(":")
+        return getattr(importlib.import_module(module), fn)
+
+
+def _backends() -> list[Backend]:
+    """All backends, in the default order of preference."""
+    from .backends import ALL_BACKENDS
+
+    return [cls() for cls in ALL_BACKENDS]
+
+
+def candidates(op: str, plat) -> list[Backend]:
+    from .backends import order_for
+
+    by_name = {b.name: b for b in _backends()}
+    return [by_name[n] for n in order_for(op, plat.arch) if n in by_name]
+
+
+def _names() -> list[str]:
+    names = []
+    for b in _backends():
+        if b.family not in names:
+            names.append(b.family)
+        if b.name not in names:
+            names.append(b.name)
+    return names
+
+
+def backend_names() -> list[str]:
+    """Every name ``DSV41_BACKEND`` accepts: families ("cuda") and variants ("cuda:triton")."""
+    return _names()
+
+
+@dataclasses.dataclass
+class Resolution:
+    op: str
+    forced: str | None
+    # torch device type -> (backend name, kernel); "*" = any device (the reference)
+    by_device: dict
+    rejected: dict  # backend name -> [reasons]
+    order: list
+
+    def selected_for(self, device_type: str):
+        return self.by_device.get(device_type) or self.by_device.get("*")
+
+
+def _forced_name(op: str) -> str | None:
+    value = os.environ.get(f"DSV41_BACKEND_{op.upper()}") or os.environ.get("DSV41_BACKEND")
+    value = (value or "").strip()
+    if not value:
+        return None
+    valid = _names()
+    if value not in valid:
+        raise BackendUnavailable(
+            f"DSV41_BACKEND{'_' + op.upper() if os.environ.get(f'DSV41_BACKEND_{op.upper()}') else ''}"
+            f"={value!r} is not a backend name; valid names: {', '.join(valid)}"
+        )
+    return value
+
+
+def _resolve(op: str) -> Resolution:
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; ops are {', '.join(OPS)}")
+    plat = _platform.probe()
+    forced = _forced_name(op)
+    by_device: dict = {}
+    rejected: dict = {}
+    order = []
+    for b in candidates(op, plat):
+        order.append(b.name)
+        if forced and forced not in (b.name, b.family):
+            rejected[b.name] = [f"not the forced backend {forced!r}"]
+            continue
+        why = b.reasons(op, plat)
+        dev = b.device_type or "*"
+        if why:
+            rejected[b.name] = why
+        elif dev in by_device or ("*" in by_device and dev != "*"):
+            first = by_device.get(dev) or by_device["*"]
+            rejected[b.name] = [f"runnable, ranked below {first[0]}"]
+        else:
+            by_device[dev] = (b.name, b.load(op))
+    if forced and not by_device:
+        lines = "; ".join(f"{n}: {', '.join(r)}" for n, r in rejected.items() if n == forced or n.startswith(forced + ":"))
+        raise BackendUnavailable(
+            f"{op}: forced backend {forced!r} cannot run on {plat.arch}: {lines}. "
+            f"Valid names: {', '.join(_names())}"
+        )
+    if not forced:
+        primary = by_device.get(plat.device_type) or by_device.get("*")
+        skipped = [n for n in order[: order.index(primary[0])] if n in rejected] if primary else []
+        if skipped:
+            log.info(
+                "dsv41: %s uses %s on %s (%s)",
+                op,
+                primary[0],
+                plat.arch,
+                "; ".join(f"{n}: {', '.join(rejected[n])}" for n in skipped),
+            )
+    return Resolution(op, forced, by_device, rejected, order)
+
+
+_lock = threading.Lock()
+_resolved: dict = {}
+
+
+def resolve(op: str) -> Resolution:
+    """The resolution of ``op``, computed once (thread-safe)."""
+    res = _resolved.get(op)
+    if res is None:
+        with _lock:
+            res = _resolved.get(op)
+            if res is None:
+                res = _resolve(op)
+                _resolved[op] = res
+    return res
+
+
+def kernel(op: str, device_type: str) -> Callable:
+    """The kernel that runs ``op`` on tensors of ``device_type`` (the hot path: two dict lookups)."""
+    res = _resolved.get(op) or resolve(op)
+    entry = res.by_device.get(device_type) or res.by_device.get("*")
+    if entry is None:
+        raise BackendUnavailable(
+            f"{op}: no implementation runs on {device_type} tensors "
+            f"(forced={res.forced!r}); candidates: "
+            + "; ".join(f"{n}: {', '.join(r)}" for n, r in res.rejected.items())
+        )
+    return entry[1]
+
+
+def reset() -> None:
+    """Forget all resolutions and the platform probe (for tests that change the environment)."""
+    with _lock:
+        _resolved.clear()
+    _platform.reset()
