@@ -100,10 +100,10 @@ def _paged(num_blocks: int, block_size: int, width: int, pad: int, dtype=U8, fil
     if dtype == U8:
         buf = torch.full((num_blocks * page + 64,), fill, dtype=U8)
         return buf[32:].as_strided((num_blocks, block_size, width), (page, width, 1))
-    elem = torch.tensor([], dtype=dtype).element_size()
-    buf = torch.full((num_blocks * page // elem + 16,), 0, dtype=dtype)
+    # plain element rows: width and pad count elements
+    buf = torch.zeros((num_blocks * page + 16,), dtype=dtype)
     buf.view(U8).fill_(fill)
-    return buf.as_strided((num_blocks, block_size, width), (page // elem, width, 1), 8)
+    return buf.as_strided((num_blocks, block_size, width), (page, width, 1), 8)
 
 
 def _random_cache_bytes(cache: torch.Tensor, seed: int) -> None:
@@ -111,28 +111,21 @@ def _random_cache_bytes(cache: torch.Tensor, seed: int) -> None:
     cache.copy_(torch.randint(0, 256, cache.shape, generator=g, dtype=U8))
 
 
-def _to(device, xs):
-    return [x.to(device) if isinstance(x, torch.Tensor) and x.device.type != "meta" else x for x in xs]
-
-
 def _on(device, xs):
-    """Move tensors to ``device`` keeping strides and storage offsets (views over canary storage)."""
-    out = []
-    for x in xs:
-        if isinstance(x, torch.Tensor):
-            st = x.untyped_storage()
-            nb = torch.empty(0, dtype=x.dtype, device=device)
-            nb.set_(torch.tensor([], dtype=U8).new_empty(0).untyped_storage() if False else _copy_storage(st, device), x.storage_offset(), x.shape, x.stride())
-            out.append(nb)
-        else:
-            out.append(x)
-    return out
+    """Move tensors to ``device`` keeping views (size, stride, offset) over a copy of their storage."""
+    if device == "cpu":
+        return xs
+    return [_view_on(x, device) if isinstance(x, torch.Tensor) else x for x in xs]
 
 
-def _copy_storage(st, device):
+def _view_on(x, device):
+    st = x.untyped_storage()
     raw = torch.empty(st.nbytes(), dtype=U8)
     raw.untyped_storage().copy_(st)
-    return raw.to(device).untyped_storage()
+    raw = raw.to(device)
+    new = torch.empty(0, dtype=x.dtype, device=device)
+    new.set_(raw.untyped_storage(), x.storage_offset(), x.shape, x.stride())
+    return new
 
 
 def clone_args(args: list) -> list:
@@ -188,14 +181,12 @@ def _gather(width, fnuz, partial=False, noncontig=False, block_size=64, seed=2):
             rows = edge_rows(5 * block_size, 512, seed).to(BF16)
             flat = cache.as_strided((nb, cache.stride(0)), (cache.stride(0), 1))
             ref_insert(rows, flat, torch.arange(5 * block_size, dtype=I64), block_size, fnuz, width)
-        seq = torch.tensor([70, 2 * block_size + 9, 5, 0], dtype=I32)
+        seq = torch.tensor([block_size + 6, 2 * block_size + 9, 5, 0], dtype=I32)
         table = torch.tensor([[0, 2, 5, -1], [3, 1, 4, 5], [6, -1, -1, -1], [-1, -1, -1, -1]], dtype=I32)
-        if noncontig:
-            wide = torch.full((4, 9), -1, dtype=I32)
-            wide[:, ::2][:, :4] = table
-            table = wide[:, ::2]  # non-contiguous rows and columns... columns must stay unit-stride
-            table = wide.as_strided((4, 4), (9, 1))
-            table.copy_(torch.tensor([[0, 2, 5, -1], [3, 1, 4, 5], [6, -1, -1, -1], [-1, -1, -1, -1]], dtype=I32))
+        if noncontig:  # rows 9 apart in a wider table, entries never read are garbage
+            wide = torch.randint(-50, 50, (4, 9), generator=_gen(seed), dtype=I32)
+            wide[:, :4] = table
+            table = wide[:, :4]
         gl = torch.tensor([13, 2 * block_size + 9, 0, 0], dtype=I32) if partial else None
         offset = 3 if partial else 0
         rows_out = 2 * block_size + 9 + offset + 2

@@ -86,7 +86,7 @@ class Backend:
         if op not in self.kernels:
             why.append(f"{self.name} has no implementation of {op}")
         if self.vendors and plat.vendor not in self.vendors:
-            why.append(f"needs a {'/'.join(self.vendors)} device, platform is {plat.vendor} ({plat.arch})")
+            why.append(f"needs vendor {'/'.join(self.vendors)}, platform is {plat.vendor} ({plat.arch})")
         elif self.archs and plat.arch not in self.archs:
             why.append(f"needs arch {'/'.join(self.archs)}, platform is {plat.arch}")
         elif op in self.arch_ops and plat.arch not in self.arch_ops[op]:

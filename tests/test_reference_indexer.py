@@ -228,10 +228,20 @@ def rope_scalar(x: list[float], cos: list[float], sin: list[float]) -> list[floa
     return out
 
 
+def sum_sq_scalar(k: list[float]) -> float:
+    """Σ k² in the Triton order: 32 lanes x 4 contiguous squares, then xor 16, 8, 4, 2, 1."""
+    lanes = [0.0] * 32
+    for lane in range(32):
+        for v in k[4 * lane: 4 * lane + 4]:
+            lanes[lane] = f32(Fraction(lanes[lane]) + Fraction(v) ** 2)
+    for dist in (16, 8, 4, 2, 1):
+        lanes = [f32(Fraction(lanes[i]) + Fraction(lanes[i ^ dist])) for i in range(32)]
+    return lanes[0]
+
+
 def k_store_scalar(k: list[float], w: list[float], eps: float, cos: list[float], sin: list[float]):
     """R §3.3 for one key: returns the post-RoPE bf16-valued vector."""
-    ss = f32(sum(Fraction(v) ** 2 for v in k))
-    var = f32(Fraction(ss) / 128)
+    var = f32(Fraction(sum_sq_scalar(k)) / 128)
     r = rsqrt32(f32(Fraction(var) + Fraction(f32(Fraction(eps)))))
     kn = [bf(mul32(mul32(v, r), wd)) for v, wd in zip(k, w)]
     nope_pairs = (len(k) - 2 * len(cos)) // 2
@@ -417,6 +427,21 @@ def test_rope_canonical_contraction():
             assert (float(got[r, 2 * i]), float(got[r, 2 * i + 1])) == want, (r, i)
             unfused += want[0] != f32(Fraction(mul32(e, c[i])) - Fraction(mul32(o, s[i])))
     assert unfused > 0  # the inputs do tell the fused form from the unfused one
+
+
+def test_variance_summation_order():
+    """R §3.3 variance: the H200 Triton order (the spec leaves it open; see _sum_sq_128)."""
+    from dsv41.reference.indexer import _sum_sq_128
+
+    g = torch.Generator().manual_seed(6)
+    k = (torch.randn(32, 128, generator=g) * torch.logspace(-4, 4, 128)).to(BF16).to(F32)
+    got = _sum_sq_128(k)
+    differs_from_exact = 0
+    for r in range(k.shape[0]):
+        row = _row(k[r])
+        assert float(got[r]) == sum_sq_scalar(row), r
+        differs_from_exact += float(got[r]) != f32(sum(Fraction(v) ** 2 for v in row))
+    assert differs_from_exact > 0  # the inputs do tell the order from a correctly rounded sum
 
 
 def test_zero_key_fp8_scale():

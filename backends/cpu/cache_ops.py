@@ -1,0 +1,253 @@
+"""CPU kernels of the paged K-cache ops (C++/OpenMP in ``cache_kernels.cpp``, numerics in ``common.h``).
+
+Each function has exactly the kernel-contract signature (docs/kernel_contract.md): the
+arguments are already validated, outputs are written in place and ``None`` is returned.
+The wrappers only pass pointers and strides to the library; small index/scalar inputs
+(slot mappings, positions, lengths, block tables, the norm weight) are converted to the
+dtype / layout the C code reads when they are not already in it, and an input whose last
+dim is not unit-stride is made contiguous.  A cache or an output is never copied: the C
+code addresses it through ``data_ptr()`` (storage offset included) and its strides, so
+views (flat page views, padded page strides) are written in place and page padding is
+never touched.
+
+Ops: ``quantize_and_insert_k_cache``, ``dequantize_and_gather_k_cache``,
+``rope_quant_insert``, ``indexer_k_norm_rope_store``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import torch
+
+from ._build import load
+
+__all__ = [
+    "quantize_and_insert_k_cache",
+    "dequantize_and_gather_k_cache",
+    "rope_quant_insert",
+    "indexer_k_norm_rope_store",
+    "library",
+]
+
+LIB_NAME = "dsv41_cache_kernels"
+SOURCES = ["cache_kernels.cpp"]
+
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+_I32 = ctypes.c_int32
+_F32 = ctypes.c_float
+
+_SIGNATURES = {
+    "dsv41_quantize_insert_k": [_P, _I64, _P, _I64, _P, _I64, _I64, _I32, _I32],
+    "dsv41_dequant_gather_k": [_P, _I64, _I64, _P, _I64, _I32, _P, _P, _I64, _P, _I64, _I64, _I64, _I64, _I32],
+    "dsv41_rope_quant_insert": [_P, _I64, _P, _P, _I32, _I64, _I64, _P, _I32, _I64, _I64, _P, _I64, _I64, _I64, _P, _I32],
+    "dsv41_indexer_k_store": [_P, _I64, _P, _P, _I32, _I64, _I64, _I32, _P, _F32, _P, _I64, _I64, _P, _I64, _I64, _I32, _I32, _I64],
+    "dsv41_codec_e4m3_encode": [_P, _P, _I64, _I32],
+    "dsv41_codec_e4m3_decode": [_P, _P, _I64, _I32, _I32],
+    "dsv41_codec_e2m1_encode": [_P, _P, _I64],
+    "dsv41_codec_bf16_rne": [_P, _P, _I64, _I32],
+    "dsv41_codec_ceil_log2": [_P, _P, _I64, _I32],
+    "dsv41_codec_exp2i": [_P, _P, _I64],
+    "dsv41_codec_clamp_sym": [_P, _P, _I64, _F32],
+}
+
+_lock = threading.Lock()
+_lib = None
+
+
+def library() -> ctypes.CDLL:
+    """The compiled library with argument types set (built on first use, then cached)."""
+    global _lib
+    if _lib is None:
+        with _lock:
+            if _lib is None:
+                lib = load(LIB_NAME, SOURCES)
+                for name, argtypes in _SIGNATURES.items():
+                    fn = getattr(lib, name)
+                    fn.argtypes = argtypes
+                    fn.restype = ctypes.c_int
+                _lib = lib
+    return _lib
+
+
+def _check(rc: int, op: str) -> None:
+    if rc != 0:
+        raise ValueError(f"{op}: CPU kernel rejected its arguments (code {rc})")
+
+
+def _ptr(t: torch.Tensor | None):
+    return None if t is None else t.data_ptr()
+
+
+def _i64(t: torch.Tensor, n: int | None = None) -> torch.Tensor:
+    """First ``n`` elements of a 1-D index tensor as contiguous int64 (copied only if needed)."""
+    t = t.reshape(-1)
+    if n is not None:
+        t = t[:n]
+    if t.dtype != torch.int64:
+        t = t.to(torch.int64)
+    return t.contiguous()
+
+
+def _i32(t: torch.Tensor) -> torch.Tensor:
+    if t.dtype != torch.int32:
+        t = t.to(torch.int32)
+    return t
+
+
+def _unit_last(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
+
+
+def _cos_sin_args(cos_sin_cache: torch.Tensor):
+    cs = cos_sin_cache
+    if cs.dtype not in (torch.float32, torch.bfloat16):
+        cs = cs.to(torch.float32)
+    return cs, int(cs.dtype == torch.bfloat16), cs.stride(0), cs.stride(1)
+
+
+# --------------------------------------------------------------------------------------
+# quantize_and_insert_k_cache (spec cache_ops §3)
+# --------------------------------------------------------------------------------------
+
+
+def quantize_and_insert_k_cache(
+    k: torch.Tensor,
+    k_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_size: int,
+    use_fnuz: bool,
+    bytes_per_token: int,
+) -> None:
+    T = slot_mapping.shape[0]
+    if T == 0:
+        return
+    slots = _i64(slot_mapping)
+    k = _unit_last(k)
+    rc = library().dsv41_quantize_insert_k(
+        k.data_ptr(), k.stride(0), k_cache.data_ptr(), k_cache.stride(0),
+        slots.data_ptr(), T, int(block_size), int(bool(use_fnuz)),
+        528 if int(bytes_per_token) == 528 else 584,
+    )
+    _check(rc, "quantize_and_insert_k_cache")
+
+
+# --------------------------------------------------------------------------------------
+# dequantize_and_gather_k_cache (spec cache_ops §4)
+# --------------------------------------------------------------------------------------
+
+
+def dequantize_and_gather_k_cache(
+    out: torch.Tensor,
+    k_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    gather_lens: torch.Tensor | None,
+    block_table: torch.Tensor,
+    block_size: int,
+    offset: int,
+    use_fnuz: bool,
+) -> None:
+    if out.dtype != torch.bfloat16 or out.stride(-1) != 1:
+        # Outside the contract (out is bf16 with a unit last stride): let the reference do it.
+        from dsv41.reference.k_cache import dequantize_and_gather_k_cache as ref
+
+        ref(out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, use_fnuz)
+        return
+    lens = _i32(seq_lens).reshape(-1).contiguous()
+    glens = None if gather_lens is None else _i32(gather_lens).reshape(-1).contiguous()
+    num_reqs = lens.shape[0] if glens is None else glens.shape[0]
+    if num_reqs == 0:
+        return
+    bt = _i32(block_table)
+    rc = library().dsv41_dequant_gather_k(
+        out.data_ptr(), out.stride(0), out.stride(1),
+        k_cache.data_ptr(), k_cache.stride(0), int(k_cache.shape[-1]),
+        lens.data_ptr(), _ptr(glens), num_reqs,
+        bt.data_ptr(), bt.stride(0), bt.stride(1) if bt.dim() > 1 else 1,
+        int(block_size), int(offset), int(bool(use_fnuz)),
+    )
+    _check(rc, "dequantize_and_gather_k_cache")
+
+
+# --------------------------------------------------------------------------------------
+# rope_quant_insert (spec cache_ops §8.2)
+# --------------------------------------------------------------------------------------
+
+_RECORD_KIND = {584: 0, 528: 1, 288: 2}
+
+
+def rope_quant_insert(
+    latent: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    compress_ratio: int,
+    fp8_scale: torch.Tensor | None,
+    sanitize_nans: bool,
+) -> None:
+    T = slot_mapping.numel()
+    if T == 0:
+        return
+    slots = _i64(slot_mapping)
+    pos = _i64(positions, T)
+    latent = _unit_last(latent)
+    cs, cs_bf16, cs0, cs1 = _cos_sin_args(cos_sin_cache)
+    scale = None
+    if kv_cache.dtype == torch.uint8:
+        kind = _RECORD_KIND.get(int(kv_cache.shape[-1]))
+        if kind is None:
+            raise ValueError(f"unsupported paged KV record width {kv_cache.shape[-1]}")
+        c0, c1 = kv_cache.stride(0), 0
+    else:
+        kind = 3 if kv_cache.dtype == torch.bfloat16 else 4
+        c0, c1 = kv_cache.stride(0), kv_cache.stride(1)
+        if kind == 4:
+            scale = fp8_scale.reshape(-1)[:1].to(torch.float32).contiguous()
+    rc = library().dsv41_rope_quant_insert(
+        latent.data_ptr(), latent.stride(0), pos.data_ptr(),
+        cs.data_ptr(), cs_bf16, cs0, cs1,
+        kv_cache.data_ptr(), kind, c0, c1,
+        slots.data_ptr(), T, int(kv_cache.shape[1]), int(compress_ratio),
+        _ptr(scale), int(bool(sanitize_nans)),
+    )
+    _check(rc, "rope_quant_insert")
+
+
+# --------------------------------------------------------------------------------------
+# indexer_k_norm_rope_store (spec rope_quant_ops §3)
+# --------------------------------------------------------------------------------------
+
+
+def indexer_k_norm_rope_store(
+    k_pre: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    rms_norm_weight: torch.Tensor,
+    rms_norm_eps: float,
+    k_cache: torch.Tensor,
+    kv_slot_mapping: torch.Tensor,
+    compress_ratio: int,
+    use_fp4_cache: bool,
+    mxfp4_n_per_tile: int,
+    tiled: bool,
+) -> None:
+    T = kv_slot_mapping.numel()
+    if T == 0:
+        return
+    slots = _i64(kv_slot_mapping)
+    pos = _i64(positions, T)
+    k_pre = _unit_last(k_pre)
+    cs, cs_bf16, cs0, cs1 = _cos_sin_args(cos_sin_cache)
+    w = rms_norm_weight.reshape(-1).to(torch.float32).contiguous()
+    rc = library().dsv41_indexer_k_store(
+        k_pre.data_ptr(), k_pre.stride(0), pos.data_ptr(),
+        cs.data_ptr(), cs_bf16, cs0, cs1, int(cos_sin_cache.shape[-1]),
+        w.data_ptr(), float(rms_norm_eps),
+        k_cache.data_ptr(), k_cache.stride(0), int(k_cache.shape[1]),
+        slots.data_ptr(), T, int(compress_ratio),
+        int(bool(use_fp4_cache)), int(bool(tiled)), int(mxfp4_n_per_tile),
+    )
+    _check(rc, "indexer_k_norm_rope_store")

@@ -1,0 +1,405 @@
+"""Triton kernels of the sparse-attention index builders (spec cache_ops.md §5-§7).
+
+Shared by the cuda:triton, rocm and xpu backends.  Pure int32 index arithmetic, so the
+kernels carry no vendor switch: every backend writes the bytes of
+``dsv41.reference.sparse_indices``.
+
+Launchers follow docs/kernel_contract.md: they receive validated tensors and preallocated
+outputs, write the outputs in place and return None.  They never allocate, never read a
+tensor on the host (CUDA-graph capture safe) and launch exactly one kernel.
+
+Conventions (all three kernels):
+
+* a program handles a 2-D tile ``[BLOCK_R rows, BLOCK_C columns]`` and loops over the
+  columns, so one launch covers any width;
+* index arithmetic is int32, like the reference and upstream (values wrap identically);
+  only memory offsets are widened to int64;
+* a block-table read outside the table's logical shape, or for a negative request, yields
+  the "no slot" sentinel −1 (the reference's rule; such reads are outside the contract and
+  would read unrelated memory upstream);
+* ``//`` and ``%`` are Triton's C-style truncating ops, the reference's ``_div_trunc``;
+  every other division has a non-negative left operand (spec §0.2);
+* nothing outside the output tensors' logical extent is written.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = [
+    "compute_global_topk_indices_and_lens",
+    "combine_topk_swa_indices",
+    "build_flashinfer_mixed_sparse_indices",
+    "AOT_SPECS",
+]
+
+_NUM_WARPS = 4
+_TILE = 4096  # int32 elements per program and column step (16 KiB read + 16 KiB written)
+
+
+def _pow2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+def _tile(rows: int, cols: int, max_cols: int = 1024) -> tuple[int, int]:
+    """(BLOCK_R, BLOCK_C): columns up to ``max_cols`` per step, rows fill ``_TILE``."""
+    block_c = min(_pow2(cols), max_cols)
+    block_r = max(1, min(_pow2(rows), _TILE // block_c))
+    return block_r, block_c
+
+
+def _table_strides(t: torch.Tensor) -> tuple[int, int, int, int]:
+    """(rows, cols, stride(0), stride(1)) of a 2-D block table."""
+    return t.shape[0], t.shape[1], t.stride(0), t.stride(1)
+
+
+# ------------------------------------------------------------------------ helpers
+
+
+@triton.jit
+def _table_slot(table_ptr, n_rows, n_cols, s_row, s_col, req, pos, read, B):
+    """``table[req, pos // B] * B + pos % B`` where ``read`` and inside the table, else −1.
+
+    ``req`` broadcasts against ``pos``/``read``; ``pos >= 0`` wherever ``read`` holds.
+    """
+    p = tl.where(read, pos, 0)
+    blk = p // B
+    ok = read & (req >= 0) & (req < n_rows) & (blk < n_cols)
+    off = req.to(tl.int64) * s_row + blk.to(tl.int64) * s_col
+    block_id = tl.load(table_ptr + off, mask=ok, other=0)
+    return tl.where(ok, block_id * B + (p - blk * B), -1)
+
+
+@triton.jit
+def _remap(v, bs, span):
+    """§7 span remap: −1 if v < 0 else (v // bs) * span + v % bs."""
+    vs = tl.where(v >= 0, v, 0)
+    q = vs // bs
+    return tl.where(v >= 0, q * span + (vs - q * bs), -1)
+
+
+# ------------------------------------------------------------------------------ §5
+
+
+@triton.jit(do_not_specialize=["n_tab_rows", "n_tab_cols", "N", "K", "B"])
+def _global_topk_kernel(
+    topk_ptr, s_tk0, s_tk1,
+    req_ptr, s_req,
+    table_ptr, n_tab_rows, n_tab_cols, s_tab0, s_tab1,
+    valid_ptr, s_valid,
+    out_ptr, s_out0, s_out1,
+    lens_ptr, s_lens,
+    N, K, B,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = rows < N
+    rows64 = rows.to(tl.int64)
+    req = tl.load(req_ptr + rows64 * s_req, mask=rmask, other=-1)
+    count = tl.zeros([BLOCK_R], dtype=tl.int32)
+    for k0 in range(0, K, BLOCK_C):
+        cols = k0 + tl.arange(0, BLOCK_C)
+        m = rmask[:, None] & (cols < K)[None, :]
+        cols64 = cols.to(tl.int64)[None, :]
+        x = tl.load(topk_ptr + rows64[:, None] * s_tk0 + cols64 * s_tk1, mask=m, other=-1)
+        present = x >= 0
+        out = _table_slot(table_ptr, n_tab_rows, n_tab_cols, s_tab0, s_tab1,
+                          req[:, None], x, present, B)
+        tl.store(out_ptr + rows64[:, None] * s_out0 + cols64 * s_out1, out, mask=m)
+        count += tl.sum(present.to(tl.int32), axis=1)
+    valid = tl.load(valid_ptr + rows64 * s_valid, mask=rmask, other=0)
+    tl.store(lens_ptr + rows64 * s_lens, tl.where(valid != 0, count, 0), mask=rmask)
+
+
+def compute_global_topk_indices_and_lens(
+    topk_indices, token_to_req_indices, block_table, block_size, is_valid_token,
+    global_topk_indices, topk_lens,
+):
+    """§5 (reference version, not compacted): local top-k indices -> global slots."""
+    N, K = topk_indices.shape
+    if N == 0:
+        return None
+    block_r, block_c = _tile(N, K)
+    valid = is_valid_token.view(torch.uint8) if is_valid_token.dtype == torch.bool else is_valid_token
+    _global_topk_kernel[(triton.cdiv(N, block_r),)](
+        topk_indices, topk_indices.stride(0), topk_indices.stride(1),
+        token_to_req_indices, token_to_req_indices.stride(0),
+        block_table, *_table_strides(block_table),
+        valid, valid.stride(0),
+        global_topk_indices, global_topk_indices.stride(0), global_topk_indices.stride(1),
+        topk_lens, topk_lens.stride(0),
+        N, K, block_size,
+        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=_NUM_WARPS,
+    )
+    return None
+
+
+# ------------------------------------------------------------------------------ §6
+
+
+@triton.jit(do_not_specialize=["K_in", "T", "R", "n_iter", "W_out", "window", "CR", "topk", "M", "N"])
+def _combine_topk_swa_kernel(
+    topk_ptr, s_tk0, s_tk1, K_in,
+    qsl_ptr, s_qsl,
+    seq_ptr, s_seq,
+    gl_ptr, s_gl,
+    out_ptr, s_out0, s_out1,
+    lens_ptr, s_lens,
+    T, R, n_iter, W_out,
+    window, CR, topk, M, N,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    t = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    tmask = t < T
+    t64 = t.to(tl.int64)
+
+    # Rebase on query_start_loc[0]; owned = t < qsl[R] - base.
+    base = tl.load(qsl_ptr)
+    end = tl.load(qsl_ptr + R * s_qsl) - base
+    owned = tmask & (t < end)
+
+    # Request of t: the last b in [0, R-1] with qsl[b] - base <= t (binary search over
+    # qsl[0..R-1], n_iter = bit_length(R) steps; zero-length requests skipped naturally).
+    lo = tl.zeros([BLOCK_R], dtype=tl.int32)
+    hi = tl.zeros([BLOCK_R], dtype=tl.int32) + R
+    for _ in range(n_iter):
+        act = lo < hi
+        mid = (lo + hi) // 2
+        v = tl.load(qsl_ptr + mid.to(tl.int64) * s_qsl, mask=owned & act, other=0) - base
+        right = act & (v <= t)
+        lo = tl.where(right, mid + 1, lo)
+        hi = tl.where(act & (v > t), mid, hi)
+    b = tl.maximum(tl.minimum(lo - 1, R - 1), 0)
+    b64 = b.to(tl.int64)
+
+    qs = tl.load(qsl_ptr + b64 * s_qsl, mask=owned, other=0) - base
+    qe = tl.load(qsl_ptr + (b64 + 1) * s_qsl, mask=owned, other=0) - base
+    L = tl.load(seq_ptr + b64 * s_seq, mask=owned, other=0)
+    g = tl.load(gl_ptr + b64 * s_gl, mask=owned, other=0)
+    pos = L - (qe - qs) + (t - qs)
+    gstart = L - g
+
+    k_len = (pos + 1) // tl.maximum(CR, 1)  # truncating, like the reference
+    k_len = tl.minimum(tl.maximum(k_len, 0), topk)
+    k_len = tl.where(CR > 0, k_len, 0)
+    swa_start = tl.maximum(tl.maximum(pos - window + 1, 0), gstart)
+    swa_len = tl.maximum(pos - swa_start + 1, 0)
+    k_len = tl.where(owned, k_len, 0)
+    swa_len = tl.where(owned, swa_len, 0)
+    mb = M * b  # int32, as in the kernel
+
+    for j0 in range(0, W_out, BLOCK_C):
+        j = j0 + tl.arange(0, BLOCK_C)
+        jm = j < W_out
+        m = tmask[:, None] & jm[None, :]
+        j2 = j[None, :]
+        in_topk = j2 < k_len[:, None]
+        v = tl.load(topk_ptr + t64[:, None] * s_tk0 + j2.to(tl.int64) * s_tk1,
+                    mask=m & in_topk & (j2 < K_in), other=-1)
+        topk_val = tl.where((v >= 0) & (v < N), v + mb[:, None], -1)
+        swa_val = mb[:, None] + N + (swa_start[:, None] + (j2 - k_len[:, None]) - gstart[:, None])
+        in_swa = (j2 >= k_len[:, None]) & (j2 < (k_len + swa_len)[:, None])
+        out = tl.where(in_topk, topk_val, tl.where(in_swa, swa_val, -1))
+        tl.store(out_ptr + t64[:, None] * s_out0 + j2.to(tl.int64) * s_out1, out, mask=m)
+    tl.store(lens_ptr + t64 * s_lens, k_len + swa_len, mask=tmask)
+
+
+def combine_topk_swa_indices(
+    topk_indices, query_start_loc, seq_lens, gather_lens, window_size, compress_ratio,
+    topk, M, N, combined_indices, combined_lens,
+):
+    """§6 (token-parallel version): sparse prefill rows into the gathered workspace."""
+    T = topk_indices.shape[0]
+    if T == 0:
+        return None
+    R = seq_lens.shape[0]
+    W_out = combined_indices.shape[1]
+    block_r, block_c = _tile(T, W_out)
+    _combine_topk_swa_kernel[(triton.cdiv(T, block_r),)](
+        topk_indices, topk_indices.stride(0), topk_indices.stride(1), topk_indices.shape[1],
+        query_start_loc, query_start_loc.stride(0),
+        seq_lens, seq_lens.stride(0),
+        gather_lens, gather_lens.stride(0),
+        combined_indices, combined_indices.stride(0), combined_indices.stride(1),
+        combined_lens, combined_lens.stride(0),
+        T, R, int(R).bit_length(), W_out,
+        window_size, compress_ratio, topk, M, N,
+        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=_NUM_WARPS,
+    )
+    return None
+
+
+# ------------------------------------------------------------------------------ §7
+
+
+@triton.jit(do_not_specialize=[
+    "K_dec", "K_pre", "R", "swa_rows", "swa_cols", "sbs", "sspan", "cmp_rows", "cmp_cols",
+    "cbs", "cspan", "n_replay", "D", "P", "W_swa", "PT", "n_dec_tiles", "window", "CR", "topk",
+])
+def _flashinfer_mixed_kernel(
+    dswa_ptr, s_dswa0, s_dswa1,
+    dci_ptr, s_dci0, s_dci1, K_dec,
+    dlens_ptr, s_dlens,
+    dvalid_ptr, s_dvalid,
+    ptk_ptr, s_ptk0, s_ptk1, K_pre,
+    qsl_ptr, s_qsl,
+    seq_ptr, s_seq, R,
+    t2r_ptr, s_t2r,
+    swa_tab_ptr, swa_rows, swa_cols, s_swa0, s_swa1, sbs, sspan,
+    cmp_tab_ptr, cmp_rows, cmp_cols, s_cmp0, s_cmp1, cbs, cspan,
+    replay_ptr, s_replay, n_replay,
+    out_ptr, s_out0, s_out1,
+    lens_ptr, s_lens,
+    D, P, W_swa, PT, n_dec_tiles,
+    window, CR, topk,
+    HAS_DCI: tl.constexpr, HAS_DLENS: tl.constexpr, HAS_DVALID: tl.constexpr,
+    IS_LOCAL: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if pid < n_dec_tiles:
+        # ---------------------------------------------------------------- decode rows
+        n = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+        nmask = n < D
+        n64 = n.to(tl.int64)
+        # SWA columns: already-global slots, remapped.
+        for j0 in range(0, W_swa, BLOCK_C):
+            j = j0 + tl.arange(0, BLOCK_C)
+            m = nmask[:, None] & (j < W_swa)[None, :]
+            j64 = j.to(tl.int64)[None, :]
+            v = tl.load(dswa_ptr + n64[:, None] * s_dswa0 + j64 * s_dswa1, mask=m, other=-1)
+            tl.store(out_ptr + n64[:, None] * s_out0 + j64 * s_out1, _remap(v, sbs, sspan), mask=m)
+        # Compressed columns W_swa + j, j < PT (−1 past K_dec).
+        req = tl.load(t2r_ptr + n64 * s_t2r, mask=nmask, other=-1)
+        if HAS_DVALID:
+            valid = tl.load(dvalid_ptr + n64 * s_dvalid, mask=nmask, other=0) != 0
+        else:
+            valid = nmask
+        count = tl.zeros([BLOCK_R], dtype=tl.int32)
+        for j0 in range(0, PT, BLOCK_C):
+            j = j0 + tl.arange(0, BLOCK_C)
+            m = nmask[:, None] & (j < PT)[None, :]
+            j64 = j.to(tl.int64)[None, :]
+            if HAS_DCI:
+                v = tl.load(dci_ptr + n64[:, None] * s_dci0 + j64 * s_dci1,
+                            mask=m & (j < K_dec)[None, :], other=-1)
+            else:
+                v = tl.full([BLOCK_R, BLOCK_C], -1, tl.int32)
+            if IS_LOCAL:
+                present = v >= 0
+                count += tl.sum((present & valid[:, None]).to(tl.int32), axis=1)
+                v = _table_slot(cmp_tab_ptr, cmp_rows, cmp_cols, s_cmp0, s_cmp1,
+                                req[:, None], v, present, cbs)
+            tl.store(out_ptr + n64[:, None] * s_out0 + (W_swa + j64) * s_out1,
+                     _remap(v, cbs, cspan), mask=m)
+        if IS_LOCAL:
+            c_len = count
+        elif HAS_DLENS:
+            c_len = tl.load(dlens_ptr + n64 * s_dlens, mask=nmask, other=0)
+        else:
+            c_len = tl.zeros([BLOCK_R], dtype=tl.int32) + K_dec
+        c_len = tl.where(K_dec == 0, 0, c_len)
+        tl.store(lens_ptr + n64 * s_lens, W_swa + c_len, mask=nmask)
+    else:
+        # --------------------------------------------------------------- prefill rows
+        n = D + (pid - n_dec_tiles) * BLOCK_R + tl.arange(0, BLOCK_R)
+        nmask = n < D + P
+        n64 = n.to(tl.int64)
+        p64 = n64 - D
+        req = tl.load(t2r_ptr + n64 * s_t2r, mask=nmask, other=0)
+        # Per-request values with the index clamped into range (out-of-contract requests
+        # must not crash; the reference clamps the same way); 0 when R == 0.
+        zero = tl.zeros([BLOCK_R], dtype=tl.int32)
+        rm = nmask & ((zero + R) > 0)
+        rc = tl.minimum(tl.maximum(req, 0), R - 1).to(tl.int64)
+        qs = tl.load(qsl_ptr + rc * s_qsl, mask=rm, other=0)
+        qe = tl.load(qsl_ptr + (rc + 1) * s_qsl, mask=rm, other=0)
+        L = tl.load(seq_ptr + rc * s_seq, mask=rm, other=0)
+        rr = tl.minimum(tl.maximum(req, 0), n_replay - 1).to(tl.int64)
+        rs = tl.load(replay_ptr + rr * s_replay, mask=nmask & ((zero + n_replay) > 0), other=0)
+        pos = L - (qe - qs) + (n - qs)
+        swa_start = tl.maximum(tl.maximum(pos - window + 1, 0), rs)
+        swa_len = pos - swa_start + 1  # may be <= 0 when replay_start > pos
+        k_len = tl.minimum((pos + 1) // tl.maximum(CR, 1), topk)  # truncating division
+        k_len = tl.where(CR > 0, k_len, 0)
+        req2 = req[:, None]
+        # SWA columns j < swa_len: slot of position swa_start + j.
+        for j0 in range(0, W_swa, BLOCK_C):
+            j = j0 + tl.arange(0, BLOCK_C)
+            m = nmask[:, None] & (j < W_swa)[None, :]
+            j2 = j[None, :]
+            in_swa = m & (j2 < swa_len[:, None])
+            slot = _table_slot(swa_tab_ptr, swa_rows, swa_cols, s_swa0, s_swa1,
+                               req2, swa_start[:, None] + j2, in_swa, sbs)
+            tl.store(out_ptr + n64[:, None] * s_out0 + j2.to(tl.int64) * s_out1,
+                     _remap(slot, sbs, sspan), mask=m)
+        # Compressed columns j < min(K_pre, k_len): local index -> compressed slot.
+        for j0 in range(0, PT, BLOCK_C):
+            j = j0 + tl.arange(0, BLOCK_C)
+            m = nmask[:, None] & (j < PT)[None, :]
+            j2 = j[None, :]
+            x = tl.load(ptk_ptr + p64[:, None] * s_ptk0 + j2.to(tl.int64) * s_ptk1,
+                        mask=m & (j2 < K_pre) & (j2 < k_len[:, None]), other=-1)
+            slot = _table_slot(cmp_tab_ptr, cmp_rows, cmp_cols, s_cmp0, s_cmp1,
+                               req2, x, x >= 0, cbs)
+            tl.store(out_ptr + n64[:, None] * s_out0 + (W_swa + j2).to(tl.int64) * s_out1,
+                     _remap(slot, cbs, cspan), mask=m)
+        tl.store(lens_ptr + n64 * s_lens, W_swa + k_len, mask=nmask)
+
+
+def build_flashinfer_mixed_sparse_indices(
+    decode_swa_indices, decode_compressed_indices, decode_compressed_topk_lens,
+    prefill_topk_indices, query_start_loc, seq_lens, token_to_req_indices,
+    swa_block_table, swa_block_size, compressed_block_table, compressed_block_size,
+    window_size, compress_ratio, topk, decode_compressed_indices_are_local,
+    decode_is_valid_token, swa_block_span, compressed_block_span, replay_start,
+    sparse_indices, sparse_topk_lens,
+):
+    """§7: FlashInfer sparse-MLA rows, D decode rows then P prefill rows (one launch)."""
+    D, W_swa = decode_swa_indices.shape
+    P = prefill_topk_indices.shape[0]
+    if D + P == 0:
+        return None
+    PT = sparse_indices.shape[1] - W_swa  # padded_topk
+    has_dci = decode_compressed_indices is not None
+    K_dec = decode_compressed_indices.shape[1] if has_dci else 0
+    is_local = bool(decode_compressed_indices_are_local) and K_dec > 0
+    has_dlens = decode_compressed_topk_lens is not None
+    has_dvalid = decode_is_valid_token is not None
+    dummy = sparse_topk_lens
+    dci = decode_compressed_indices if has_dci else sparse_indices
+    dlens = decode_compressed_topk_lens if has_dlens else dummy
+    dvalid = decode_is_valid_token if has_dvalid else dummy
+    if dvalid.dtype == torch.bool:
+        dvalid = dvalid.view(torch.uint8)
+
+    block_r, block_c = _tile(max(D, P), max(W_swa, PT, 1))
+    n_dec_tiles = triton.cdiv(D, block_r)
+    grid = (n_dec_tiles + triton.cdiv(P, block_r),)
+    _flashinfer_mixed_kernel[grid](
+        decode_swa_indices, decode_swa_indices.stride(0), decode_swa_indices.stride(1),
+        dci, dci.stride(0), dci.stride(1), K_dec,
+        dlens, dlens.stride(0),
+        dvalid, dvalid.stride(0),
+        prefill_topk_indices, prefill_topk_indices.stride(0), prefill_topk_indices.stride(1),
+        prefill_topk_indices.shape[1],
+        query_start_loc, query_start_loc.stride(0),
+        seq_lens, seq_lens.stride(0), seq_lens.shape[0],
+        token_to_req_indices, token_to_req_indices.stride(0),
+        swa_block_table, *_table_strides(swa_block_table), swa_block_size, swa_block_span,
+        compressed_block_table, *_table_strides(compressed_block_table),
+        compressed_block_size, compressed_block_span,
+        replay_start, replay_start.stride(0), replay_start.shape[0],
+        sparse_indices, sparse_indices.stride(0), sparse_indices.stride(1),
+        sparse_topk_lens, sparse_topk_lens.stride(0),
+        D, P, W_swa, PT, n_dec_tiles,
+        window_size, compress_ratio, topk,
+        HAS_DCI=has_dci, HAS_DLENS=has_dlens, HAS_DVALID=has_dvalid, IS_LOCAL=is_local,
+        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=_NUM_WARPS,
+    )
+    return None
+
+
+AOT_SPECS: list = []  # filled at the bottom of the module (see _register_aot)
