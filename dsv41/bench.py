@@ -16,6 +16,7 @@ preallocated once.  Reported per row:
 * ``gbps`` = bytes / seconds; ``copy_gbps``: a ``dst.copy_(src)`` of a uint8
   buffer of ``bytes/2`` (read + write = the op's bytes) timed the same way right
   after the op on the same device; ``fraction_of_copy`` = gbps / copy_gbps;
+  ``graph_fraction_of_copy`` = copy graph time / op graph time (CUDA, <= 64 tokens);
 * ``speedup_vs_reference`` = reference seconds / seconds at the same size (the
   reference is skipped where it would take more than ``REFERENCE_LIMIT_S`` per
   call, except on CPU at <= 16384 tokens, where it always runs).
@@ -29,19 +30,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import statistics
 import sys
 import time
 import zlib
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from . import platform as _platform
 from . import registry
 
-__all__ = ["main", "VARIANTS", "DEFAULT_TOKENS_GPU", "DEFAULT_TOKENS_CPU"]
+__all__ = ["DEFAULT_TOKENS_CPU", "DEFAULT_TOKENS_GPU", "VARIANTS", "main"]
 
 DEFAULT_TOKENS_GPU = (1, 8, 64, 4096, 16384, 65536)
 DEFAULT_TOKENS_CPU = (1, 8, 64, 4096, 16384)
@@ -50,6 +52,7 @@ BLOCK = 64  # cache block size (tokens per page)
 REFERENCE_LIMIT_S = 20.0  # skip the reference where one call would take longer ...
 CPU_REFERENCE_ALWAYS = 16384  # ... except on CPU at or below this many tokens
 GRAPH_CALLS = 16  # kernel calls captured per CUDA graph
+WARMUP_CALLS, WARMUP_S = 3, 0.1  # warm-up: at least this many calls and this long
 MAX_POS = 65536  # rows of the cos/sin caches (positions wrap below it)
 
 I32, I64, U8, BF16, F32 = torch.int32, torch.int64, torch.uint8, torch.bfloat16, torch.float32
@@ -246,7 +249,7 @@ def _build_combine(gen: _Gen, t: int, plat) -> Case:
 
 
 def _build_flashinfer(gen: _Gen, t: int, plat) -> Case:
-    reqs, qlens, qsl, seq, seq_lens, t2r = _prefill_batch(gen, t)
+    reqs, _, qsl, seq, seq_lens, t2r = _prefill_batch(gen, t)
     swa_w = _cdiv(max(seq), BLOCK)
     swa_table = gen.randperm(reqs * swa_w, dtype=I32).view(reqs, swa_w).contiguous()
     comp_ctx = max(seq) // CR_SPARSE
@@ -411,6 +414,8 @@ class _Timer:
     def __init__(self, device: torch.device, repeats: int, budget_s: float):
         self.device = device
         self.repeats = max(1, repeats)
+        # The copy baseline is cheap: always take at least this many samples of it.
+        self.copy_repeats = max(self.repeats, 25)
         self.budget = budget_s
         self.accel = device.type != "cpu"
         self.mod = getattr(torch, device.type) if self.accel else None
@@ -419,25 +424,33 @@ class _Timer:
         if self.accel:
             self.mod.synchronize(self.device)
 
-    def _count(self, est: float) -> int:
+    def _count(self, est: float, repeats: int) -> int:
         floor = 1 if est > 2.0 else 3
-        return max(1, min(self.repeats, max(floor, int(self.budget / max(est, 1e-9)))))
+        return max(1, min(repeats, max(floor, int(self.budget / max(est, 1e-9)))))
 
-    def eager(self, fn: Callable[[], None]) -> tuple[float, int]:
+    def eager(self, fn: Callable[[], None], repeats: int | None = None) -> tuple[float, int]:
         """(median seconds per call, number of timed calls)."""
         t0 = time.perf_counter()
-        fn()  # warm-up (compiles, allocates caches)
+        fn()  # warm-up (compiles, allocates caches, starts thread pools)
         self.sync()
         first = time.perf_counter() - t0
-        if first > 2.0:
-            est = first
-        else:
+        if first > 2.0:  # JIT compilation, or a genuinely slow call: a second call tells which
             t0 = time.perf_counter()
-            for _ in range(2):
-                fn()
+            fn()
             self.sync()
-            est = (time.perf_counter() - t0) / 2
-        n = self._count(est)
+            second = time.perf_counter() - t0
+            if second > 2.0:  # slow: this call is the (only) sample, as one more would be
+                return second, 1
+        # Keep warming for >= WARMUP_CALLS calls and >= WARMUP_S seconds: the first calls at
+        # a new size can be 100x slower (allocator growth, thread-pool start, autotuning).
+        warm, start = [], time.perf_counter()
+        while len(warm) < WARMUP_CALLS or (time.perf_counter() - start < WARMUP_S and len(warm) < 1000):
+            t0 = time.perf_counter()
+            fn()
+            self.sync()
+            warm.append(time.perf_counter() - t0)
+        est = statistics.median(warm)
+        n = self._count(est, repeats or self.repeats)
         if not self.accel:
             times = []
             for _ in range(n):
@@ -526,7 +539,7 @@ class _Progress:
     def step(self, label: str):
         self.done += 1
         frac = min(1.0, self.done / self.total)
-        fill = int(round(frac * self.width))
+        fill = round(frac * self.width)
         bar = "#" * fill + "." * (self.width - fill)
         line = f"[{bar}] {self.done}/{self.total} {time.perf_counter() - self.t0:6.1f}s {label}"
         if self.tty:
@@ -561,7 +574,7 @@ def _measure_copy(timer: _Timer, device: torch.device, nbytes: int, graph: bool)
     def fn():
         dst.copy_(src)
 
-    sec, _ = timer.eager(fn)
+    sec, _ = timer.eager(fn, timer.copy_repeats)
     gsec = None
     if graph:
         try:
@@ -585,8 +598,8 @@ def _select_variants(requested: list[str] | None) -> list[Variant]:
         hits = [v for v in VARIANTS if v.op == op and (not var or (v.variant or "").lower() == var.lower())]
         if not hits:
             names = sorted({v.op for v in VARIANTS})
-            raise SystemExit(
-                f"dsv41 bench: unknown op {r!r}; ops: {', '.join(names)} "
+            raise ValueError(
+                f"unknown op {r!r}; ops: {', '.join(names)} "
                 f"(pick one record with OP:VARIANT, e.g. quantize_and_insert_k_cache:528)"
             )
         chosen.extend(h for h in hits if h not in chosen)
@@ -598,13 +611,14 @@ def _fmt(x, spec):
 
 
 def _table(records: list[dict]) -> str:
-    head = ("op", "backend", "tokens", "frac_copy", "vs_ref", "us", "graph_us", "GB/s", "copy_GB/s")
+    head = ("op", "backend", "tokens", "frac_copy", "graph_frac", "vs_ref", "us", "graph_us", "GB/s", "copy_GB/s")
     rows = [
         (
             r["name"],
             r["backend"],
             str(r["tokens"]),
             _fmt(r["fraction_of_copy"], ".3f"),
+            _fmt(r["graph_fraction_of_copy"], ".3f"),
             _fmt(r["speedup_vs_reference"], ".2f"),
             _fmt(r["seconds"] * 1e6, ".1f"),
             _fmt(None if r["graph_seconds"] is None else r["graph_seconds"] * 1e6, ".2f"),
@@ -642,7 +656,12 @@ def _plot(records: list[dict], path: str) -> None:
         mine = [r for r in records if r["name"] == name]
         for backend in dict.fromkeys(r["backend"] for r in mine):
             pts = sorted((r["tokens"], r["fraction_of_copy"]) for r in mine if r["backend"] == backend)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=backend)
+            line = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=backend)[0]
+            gpts = sorted((r["tokens"], r["graph_fraction_of_copy"]) for r in mine
+                          if r["backend"] == backend and r.get("graph_fraction_of_copy"))
+            if gpts:
+                ax.plot([p[0] for p in gpts], [p[1] for p in gpts], marker="x", linestyle="--",
+                        color=line.get_color(), label=f"{backend} (CUDA graph)")
         ax.set_xscale("log", base=2)
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("tokens")
@@ -654,7 +673,7 @@ def _plot(records: list[dict], path: str) -> None:
         ax.set_visible(False)
     dev = records[0]["device"] if records else ""
     fig.suptitle(f"dsv41 bench: bandwidth as a fraction of a same-size copy ({dev})")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -683,6 +702,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-reference", action="store_true",
                    help="do not run the reference for speedups (its own rows only if asked by --backend)")
     p.add_argument("--no-graph", action="store_true", help="skip CUDA-graph replay timing")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch CPU threads (torch.set_num_threads) for CPU runs")
     p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     p.add_argument("--list", action="store_true", help="list the ops, variants and runnable backends, then exit")
     return p
@@ -690,7 +711,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    variants = _select_variants(args.op)
+    try:
+        variants = _select_variants(args.op)
+    except ValueError as exc:
+        print(f"dsv41 bench: {exc}", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
     plat = _platform.probe()
     dev_type = args.device or plat.device_type
     if dev_type != "cpu":
@@ -736,6 +763,7 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(len(tokens) * (len(shown) + (ref is not None and ref not in shown)) for v, shown, ref in plan)
     progress = _Progress(total)
     records, errors = [], []
+    graph_failed: set = set()
     for v, shown, ref in plan:
         last_ref = None  # (tokens, seconds) of the last reference run of this variant
         for t in tokens:
@@ -761,15 +789,18 @@ def main(argv: list[str] | None = None) -> int:
                         progress.note(f"  {v.name} T={t}: reference skipped (about {est:.0f} s per call)")
                         continue
                 try:
-                    sec, n = timer.eager(lambda: impl.fn(*case.args))
+                    call = functools.partial(impl.fn, *case.args)
+                    sec, n = timer.eager(call)
                     gsec = None
                     if use_graph and t <= DECODE_MAX:
                         try:
-                            gsec = timer.graph(lambda: impl.fn(*case.args))
-                        except Exception as exc:
-                            timer.sync()
-                            progress.note(f"  {v.name} {impl.name} T={t}: CUDA graph capture failed: "
-                                          f"{type(exc).__name__}: {str(exc)[:200]}")
+                            gsec = timer.graph(call)
+                        except Exception as exc:  # noqa: BLE001 - reported, the row keeps graph_seconds null
+                            _recover(timer)
+                            if (v.name, impl.name) not in graph_failed:
+                                graph_failed.add((v.name, impl.name))
+                                progress.note(f"  {v.name} {impl.name} T={t}: CUDA graph capture failed "
+                                              f"(graph_seconds null): {_root_cause(exc)}")
                 except Exception as exc:
                     errors.append(f"{v.name} {impl.name} tokens={t}: {type(exc).__name__}: {str(exc)[:300]}")
                     progress.note(f"  {errors[-1]}")
@@ -800,11 +831,12 @@ def main(argv: list[str] | None = None) -> int:
                         "speedup_vs_reference": (ref_sec / sec) if ref_sec is not None else None,
                         "graph_seconds": gsec,
                         "copy_graph_seconds": copy_gsec,
+                        "graph_fraction_of_copy": (copy_gsec / gsec) if gsec and copy_gsec else None,
                         "timed_calls": n,
                         "device": device_label,
                     }
                 )
-            del case
+            case = call = None  # free the inputs before the next size
             _free(dev_type)
     progress.close()
 
@@ -815,8 +847,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1)
-    rc = 0
-    if args.plot:
+    rc = 0 if records else 1
+    if args.plot and records:
         try:
             _plot(records, args.plot)
         except RuntimeError as exc:
@@ -828,6 +860,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {e}", file=sys.stderr)
         rc = rc or 1
     return rc
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The first exception of a chain (a failed capture's own error hides the one that broke it)."""
+    seen = exc
+    while seen.__context__ is not None and seen.__context__ is not seen:
+        seen = seen.__context__
+    msg = f"{type(seen).__name__}: {str(seen).strip().splitlines()[0][:200] if str(seen).strip() else ''}"
+    if seen is not exc:
+        msg += f" (then {type(exc).__name__})"
+    return msg
+
+
+def _recover(timer: _Timer) -> None:
+    try:
+        timer.sync()
+    except Exception:  # a sticky error from the failed capture surfaces here once
+        pass
 
 
 def _free(dev_type: str) -> None:

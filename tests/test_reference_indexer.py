@@ -20,7 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from dsv41.reference.indexer import fused_indexer_q_rope_quant, indexer_k_norm_rope_store
+from dsv41.reference.indexer import (
+    fused_indexer_q_rope_quant,
+    indexer_k_norm_rope_store,
+)
 
 _REPO = Path(__file__).resolve().parents[1]
 VECTORS = Path(
@@ -499,7 +502,7 @@ def test_tiled_layout_is_row_major_permuted(fmt):
     row, til = caches[False], caches[True]
     page = B * width + pad
     expect = torch.full_like(row, CANARY)
-    written = set(int(s) for s in slots if s >= 0)
+    written = {int(s) for s in slots if s >= 0}
     for slot in written:
         base, o = (slot // B) * page, slot % B
         for byte in range(vb):

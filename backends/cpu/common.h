@@ -33,13 +33,38 @@
 //   ue8m0_decode(code)            exp2i(code - 127)
 //   clamp_sym(x, m)               sign(x)*min(|x|,m); NaN -> ±m by its sign bit (codecs.clamp_sym)
 //   clamp_nan_pos(x, m)           min(max(x,-m),m); NaN -> +m (quantizer rule of finding 3)
+//   absmax_ignore_nan(x, n)       max |x_i| with NaN elements ignored (PTX max.f32; +0 if all NaN),
+//                                 on the bit patterns so the loop vectorizes
 //   F32_1E_4, INV_448, INV_224, INV_6   fl32 constants of the quantizers
+//
+// AVX-512 (F+BW+VL+DQ) 16-lane versions, defined when DSV41_CPU_AVX512 is 1 (compiled with
+// -march=native on such a CPU); each is bit-identical to its scalar twin above:
+//   v16_bf16_load(p)              16 bf16 -> __m512 (exact)
+//   v16_bf16_canon(x)             __m512 -> 16 bf16 bits (__m256i), RNE, NaN -> 0x7FFF
+//   v16_bf16_torch(x)             same, NaN -> 0xFFFF (torch's CPU cast)
+//   v16_e4m3_encode<FNUZ>(x, sat_bits, nan_code)   16 bytes (__m128i): RNE, |x| saturated
+//                                 to from_bits(sat_bits) (448/240 for the plain casts, 448/224 for
+//                                 the quantizers), NaN -> nan_code, FNUZ drops the sign of zero.
+//                                 (OCP, 0x43E00000, 0x7F) == e4m3fn_encode; (FNUZ, 0x43700000,
+//                                 0x80) == e4m3fnuz_encode.
+//   v16_e4m3_decode<FNUZ>(b)      16 bytes -> __m512 (exact, NaN bytes -> NaN)
+//   v16_e2m1_encode(x)            16 codes in the low 4 bits of each dword (== e2m1_encode)
+//   v16_abs_bits_nonan(x)         |x| bit patterns with NaN lanes zeroed (for NaN-ignoring amax)
+//   v16_ceil_log2_pos(r, thr)     ceil_log2 of 16 positive normal-or-inf r, as int32 (inf -> 255
+//                                 sentinel is the caller's business: see the comment)
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+#define DSV41_CPU_AVX512 1
+#include <immintrin.h>
+#else
+#define DSV41_CPU_AVX512 0
+#endif
 
 namespace dsv41cpu {
 
@@ -113,27 +138,32 @@ static inline uint8_t e4m3_encode(float f) {
 }
 
 // ------------------------------------------------------------------ e4m3 decode
-// Arithmetic decode (vectorizes, exact).  Subnormals: m * 2^-9 (OCP) / m * 2^-10 (FNUZ).
+// Arithmetic decode, integer-only and branch-free so loops over it vectorize (a float
+// product under a condition would block if-conversion: gcc does not speculate trapping math).
+// Subnormal m * 2^-9 (OCP) / m * 2^-10 (FNUZ), m = 1..7, normalized by hand: leading bit
+// p = (m >= 2) + (m >= 4).  NaN bytes give a quiet NaN.
+static inline uint32_t e4m3_sub_bits_(uint32_t m, uint32_t exp_base) {
+    const uint32_t p = (uint32_t)(m >= 2u) + (uint32_t)(m >= 4u);
+    const uint32_t r = ((exp_base + p) << 23) | ((m << (23u - p)) & 0x7FFFFFu);
+    return m == 0u ? 0u : r;
+}
+
 static inline float e4m3fn_decode(uint8_t byte) {
-    uint32_t v = byte;
-    uint32_t sign = (v & 0x80u) << 24;
-    uint32_t em = v & 0x7Fu;
-    uint32_t e = em >> 3;
-    float nrm = from_bits(sign | ((em + (120u << 3)) << 20));
-    float sub = from_bits(sign | bits((float)(int)(em & 7u) * (1.0f / 512.0f)));
-    float r = e == 0 ? sub : nrm;
-    return em == 0x7Fu ? std::numeric_limits<float>::quiet_NaN() : r;
+    const uint32_t v = byte;
+    const uint32_t em = v & 0x7Fu;
+    const uint32_t nrm = (em + (120u << 3)) << 20;
+    uint32_t mag = em < 8u ? e4m3_sub_bits_(em, 118u) : nrm;  // 2^-9 = 2^(118-127)
+    mag = em == 0x7Fu ? 0x7FC00000u : mag;
+    return from_bits(mag | ((v & 0x80u) << 24));
 }
 
 static inline float e4m3fnuz_decode(uint8_t byte) {
-    uint32_t v = byte;
-    uint32_t sign = (v & 0x80u) << 24;
-    uint32_t em = v & 0x7Fu;
-    uint32_t e = em >> 3;
-    float nrm = from_bits(sign | ((em + (119u << 3)) << 20));
-    float sub = from_bits(sign | bits((float)(int)(em & 7u) * (1.0f / 1024.0f)));
-    float r = e == 0 ? sub : nrm;
-    return v == 0x80u ? std::numeric_limits<float>::quiet_NaN() : r;
+    const uint32_t v = byte;
+    const uint32_t em = v & 0x7Fu;
+    const uint32_t nrm = (em + (119u << 3)) << 20;
+    uint32_t r = (em < 8u ? e4m3_sub_bits_(em, 117u) : nrm) | ((v & 0x80u) << 24);
+    r = v == 0x80u ? 0x7FC00000u : r;
+    return from_bits(r);
 }
 
 template <bool FNUZ>
@@ -272,5 +302,107 @@ static inline float clamp_nan_pos(float x, float m) {
     y = y < -m ? -m : y;
     return x != x ? m : y;
 }
+
+// ------------------------------------------------------------------ reductions
+// max |x_i|, NaN ignored.  Non-negative non-NaN floats order like their bit patterns; NaN
+// patterns are masked to 0 (branch-free, so gcc vectorizes the unsigned max reduction).
+static inline float absmax_ignore_nan(const float* __restrict x, int n) {
+    uint32_t am = 0;
+    for (int i = 0; i < n; ++i) {
+        uint32_t a = bits(x[i]) & 0x7FFFFFFFu;
+        a &= 0u - (uint32_t)(a <= 0x7F800000u);
+        am = am > a ? am : a;
+    }
+    return from_bits(am);
+}
+
+// ------------------------------------------------------------------ AVX-512, 16 lanes
+#if DSV41_CPU_AVX512
+static inline __m512i v16_u32(uint32_t v) { return _mm512_set1_epi32((int)v); }
+
+static inline __m512 v16_bf16_load(const uint16_t* p) {
+    const __m256i h = _mm256_loadu_si256((const __m256i*)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+static inline __m256i v16_bf16_nan_(__m512 x, uint32_t nan_bits) {
+    const __m512i b = _mm512_castps_si512(x);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), v16_u32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(b, v16_u32(0x7FFF)), odd), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, v16_u32(nan_bits));
+    return _mm512_cvtepi32_epi16(r);
+}
+static inline __m256i v16_bf16_canon(__m512 x) { return v16_bf16_nan_(x, 0x7FFFu); }
+static inline __m256i v16_bf16_torch(__m512 x) { return v16_bf16_nan_(x, 0xFFFFu); }
+
+template <bool FNUZ>
+static inline __m128i v16_e4m3_encode(__m512 x, uint32_t sat_bits, uint32_t nan_code) {
+    const __m512i b = _mm512_castps_si512(x);
+    __m512i a = _mm512_and_si512(b, v16_u32(0x7FFFFFFFu));
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(a, v16_u32(0x7F800000u));
+    a = _mm512_min_epu32(a, v16_u32(sat_bits));
+    const uint32_t nrm_bias = 0x7FFFFu - ((FNUZ ? 119u : 120u) << 23);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(a, 20), v16_u32(1));
+    const __m512i nrm = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(a, v16_u32(nrm_bias)), odd), 20);
+    const __m512 magic = _mm512_set1_ps(FNUZ ? 8192.0f : 16384.0f);
+    const __m512i sub = _mm512_sub_epi32(
+        _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), magic)),
+        v16_u32((FNUZ ? 140u : 141u) << 23));
+    const __mmask16 is_sub = _mm512_cmplt_epu32_mask(a, v16_u32((FNUZ ? 120u : 121u) << 23));
+    __m512i r = _mm512_mask_mov_epi32(nrm, is_sub, sub);
+    __m512i sign = _mm512_and_si512(_mm512_srli_epi32(b, 24), v16_u32(0x80u));
+    if (FNUZ) sign = _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(r, r), sign);
+    r = _mm512_or_si512(r, sign);
+    r = _mm512_mask_mov_epi32(r, nan, v16_u32(nan_code));
+    return _mm512_cvtepi32_epi8(r);
+}
+
+template <bool FNUZ>
+static inline __m512 v16_e4m3_decode(__m128i bytes) {
+    const __m512i v = _mm512_cvtepu8_epi32(bytes);
+    const __m512i em = _mm512_and_si512(v, v16_u32(0x7Fu));
+    const __m512i nrm = _mm512_slli_epi32(_mm512_add_epi32(em, v16_u32((FNUZ ? 119u : 120u) << 3)), 20);
+    const __m512 subf = _mm512_mul_ps(_mm512_cvtepi32_ps(em), _mm512_set1_ps(FNUZ ? 0x1p-10f : 0x1p-9f));
+    __m512i r = _mm512_mask_mov_epi32(nrm, _mm512_cmplt_epu32_mask(em, v16_u32(8)), _mm512_castps_si512(subf));
+    r = _mm512_or_si512(r, _mm512_slli_epi32(_mm512_and_si512(v, v16_u32(0x80u)), 24));
+    const __mmask16 nan = FNUZ ? _mm512_cmpeq_epi32_mask(v, v16_u32(0x80u))
+                               : _mm512_cmpeq_epi32_mask(em, v16_u32(0x7Fu));
+    r = _mm512_mask_mov_epi32(r, nan, v16_u32(0x7FC00000u));
+    return _mm512_castsi512_ps(r);
+}
+
+static inline __m512i v16_e2m1_encode(__m512 x) {
+    const __m512 a = _mm512_abs_ps(x);
+    const __m512i one = v16_u32(1);
+    __m512i c = _mm512_setzero_si512();
+    c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.25f), _CMP_GT_OQ), c, one);
+    c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.75f), _CMP_GE_OQ), c, one);
+    c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(a, _mm512_set1_ps(1.25f), _CMP_GT_OQ), c, one);
+    c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(a, _mm512_set1_ps(1.75f), _CMP_GE_OQ), c, one);
+    c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(a, _mm512_set1_ps(2.5f), _CMP_GT_OQ), c, one);
+    c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(a, _mm512_set1_ps(3.5f), _CMP_GE_OQ), c, one);
+    c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(a, _mm512_set1_ps(5.0f), _CMP_GT_OQ), c, one);
+    const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(x), 28), v16_u32(8));
+    return _mm512_or_si512(c, sign);
+}
+
+static inline __m512i v16_abs_bits_nonan(__m512 x) {
+    const __m512i a = _mm512_and_si512(_mm512_castps_si512(x), v16_u32(0x7FFFFFFFu));
+    return _mm512_maskz_mov_epi32(_mm512_cmple_epu32_mask(a, v16_u32(0x7F800000u)), a);
+}
+
+// ceil(fl32(log2 r)) for positive r whose biased exponent E is 1..254 (normal), as int32:
+// E - 127 + (mantissa > thr[E]).  Lanes with E == 255 (inf) come out as 128 + (..): callers
+// that can meet inf must select on E themselves.
+static inline __m512i v16_ceil_log2_pos(__m512 r, const uint32_t* thr) {
+    const __m512i b = _mm512_castps_si512(r);
+    const __m512i E = _mm512_srli_epi32(b, 23);
+    const __m512i j = _mm512_and_si512(b, v16_u32(0x7FFFFFu));
+    const __m512i t = _mm512_i32gather_epi32(E, (const void*)thr, 4);
+    const __m512i e = _mm512_sub_epi32(E, v16_u32(127));
+    return _mm512_mask_add_epi32(e, _mm512_cmpgt_epu32_mask(j, t), e, v16_u32(1));
+}
+#endif  // DSV41_CPU_AVX512
 
 }  // namespace dsv41cpu

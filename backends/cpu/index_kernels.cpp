@@ -74,17 +74,17 @@ inline int32_t remap(int32_t v, const Divider& bs, int32_t span) {
 
 // One table row lookup: slot of local index x (>= 0 wanted), or -1.  `trow` is the table
 // row of the request (nullptr when the request index is outside the table).
-inline int32_t table_slot(const int32_t* trow, uint32_t ncols, int32_t x, const Divider& B) {
+inline int32_t table_slot(const int32_t* trow, int64_t cs, uint32_t ncols, int32_t x, const Divider& B) {
     if (x < 0 || trow == nullptr) return -1;
     const uint32_t u = (uint32_t)x;
     const uint32_t col = udiv(u, B);
     if (col >= ncols) return -1;
-    return (int32_t)((uint32_t)trow[col] * B.d + (u - col * B.d));
+    return (int32_t)((uint32_t)trow[(int64_t)col * cs] * B.d + (u - col * B.d));
 }
 
-template <bool POW2>
+template <bool POW2, bool UNIT>
 inline void translate_row(const int32_t* __restrict src, int32_t* __restrict dst, int64_t K,
-                          const int32_t* __restrict trow, uint32_t ncols, const Divider& B,
+                          const int32_t* __restrict trow, int64_t cs, uint32_t ncols, const Divider& B,
                           int32_t& count) {
     int32_t cnt = 0;
     const uint32_t d = B.d, sh = B.shift, mask = B.mask;
@@ -102,7 +102,8 @@ inline void translate_row(const int32_t* __restrict src, int32_t* __restrict dst
             off = u - col * d;
         }
         const bool ok = pres && col < ncols;
-        const int32_t bid = trow[ok ? col : 0u];
+        const uint32_t cc = ok ? col : 0u;
+        const int32_t bid = UNIT ? trow[cc] : trow[(int64_t)cc * cs];
         dst[j] = ok ? (int32_t)((uint32_t)bid * d + off) : -1;
         cnt += pres ? 1 : 0;
     }
@@ -126,7 +127,7 @@ extern "C" {
 void dsv41_compute_global_topk_indices_and_lens(
     const int32_t* topk, int64_t n_tok, int64_t K, int64_t topk_s0,
     const int32_t* t2r, int64_t t2r_s0,
-    const int32_t* table, int64_t n_rows, int64_t n_cols, int64_t table_s0,
+    const int32_t* table, int64_t n_rows, int64_t n_cols, int64_t table_s0, int64_t table_s1,
     int64_t block_size,
     const uint8_t* valid, int64_t valid_s0,
     int32_t* out, int64_t out_s0,
@@ -145,10 +146,17 @@ void dsv41_compute_global_topk_indices_and_lens(
             count_row(src, dst, K, cnt);
         } else {
             const int32_t* trow = table + (int64_t)r * table_s0;
-            if (B.pow2)
-                translate_row<true>(src, dst, K, trow, ncols, B, cnt);
-            else
-                translate_row<false>(src, dst, K, trow, ncols, B, cnt);
+            if (table_s1 == 1) {
+                if (B.pow2)
+                    translate_row<true, true>(src, dst, K, trow, 1, ncols, B, cnt);
+                else
+                    translate_row<false, true>(src, dst, K, trow, 1, ncols, B, cnt);
+            } else {
+                if (B.pow2)
+                    translate_row<true, false>(src, dst, K, trow, table_s1, ncols, B, cnt);
+                else
+                    translate_row<false, false>(src, dst, K, trow, table_s1, ncols, B, cnt);
+            }
         }
         lens[n * lens_s0] = valid[n * valid_s0] ? cnt : 0;
     }
@@ -244,9 +252,9 @@ void dsv41_build_flashinfer_mixed_sparse_indices(
     const int32_t* qsl, int64_t qsl_n, int64_t qsl_s0,
     const int32_t* seq_lens, int64_t R, int64_t seq_s0,
     const int32_t* t2r, int64_t t2r_s0,
-    const int32_t* swa_table, int64_t swa_rows, int64_t swa_cols, int64_t swa_s0,
+    const int32_t* swa_table, int64_t swa_rows, int64_t swa_cols, int64_t swa_s0, int64_t swa_s1,
     int64_t swa_block_size,
-    const int32_t* comp_table, int64_t comp_rows, int64_t comp_cols, int64_t comp_s0,
+    const int32_t* comp_table, int64_t comp_rows, int64_t comp_cols, int64_t comp_s0, int64_t comp_s1,
     int64_t comp_block_size,
     int64_t window_size, int64_t compress_ratio, int64_t topk_k,
     int64_t are_local,
@@ -286,7 +294,7 @@ void dsv41_build_flashinfer_mixed_sparse_indices(
                 for (; j < kd; ++j) {
                     const int32_t v = c[j];
                     cnt += v >= 0 ? 1 : 0;
-                    cdst[j] = remap(table_slot(trow, (uint32_t)comp_cols, v, cbs), cbs, cspan);
+                    cdst[j] = remap(table_slot(trow, comp_s1, (uint32_t)comp_cols, v, cbs), cbs, cspan);
                 }
                 for (; j < PT; ++j) cdst[j] = -1;
                 const bool ok = dvalid == nullptr || dvalid[n * dvalid_s0] != 0;
@@ -327,14 +335,14 @@ void dsv41_build_flashinfer_mixed_sparse_indices(
             int64_t j = 0;
             for (; j < nswa; ++j) {
                 const int32_t q = wadd(swa_start, (int32_t)j);
-                dst[j] = remap(table_slot(strow, (uint32_t)swa_cols, q, sbs), sbs, sspan);
+                dst[j] = remap(table_slot(strow, swa_s1, (uint32_t)swa_cols, q, sbs), sbs, sspan);
             }
             for (; j < W_swa; ++j) dst[j] = -1;
             // compressed columns
             const int32_t* ctrow = (req >= 0 && req < comp_rows) ? comp_table + (int64_t)req * comp_s0 : nullptr;
             const int64_t nc = std::min<int64_t>(std::min<int64_t>(std::max<int32_t>(k_len, 0), K_pre), PT);
             const int32_t* x = pti + p * pti_s0;
-            for (j = 0; j < nc; ++j) cdst[j] = remap(table_slot(ctrow, (uint32_t)comp_cols, x[j], cbs), cbs, cspan);
+            for (j = 0; j < nc; ++j) cdst[j] = remap(table_slot(ctrow, comp_s1, (uint32_t)comp_cols, x[j], cbs), cbs, cspan);
             for (; j < PT; ++j) cdst[j] = -1;
             lens[n * lens_s0] = wadd(wswa, k_len);
         }

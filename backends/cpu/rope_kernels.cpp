@@ -41,7 +41,17 @@ inline float load_float(const void* p, int64_t i, bool is_bf16) {
     return is_bf16 ? bf16_to_f32(((const uint16_t*)p)[i]) : ((const float*)p)[i];
 }
 
-inline float rn_bf16(float f) { return bf16_to_f32(f32_to_bf16_rne(f)); }
+// fp32 -> bf16 bits, round to nearest even; every NaN -> nan_bits.  0x7FFF is the GPU's
+// canonical NaN (what the reference stores, finding 3); 0xFFFF is what torch's CPU cast
+// writes (so what a reference copy_ into a bf16 tensor / codecs.rnbf16 yields).
+inline uint16_t rk_bf16(float f, uint32_t nan_bits) {
+    const uint32_t b = bits(f);
+    const uint32_t r = (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
+    return (uint16_t)((b & 0x7FFFFFFFu) > 0x7F800000u ? nan_bits : r);
+}
+inline uint16_t rk_bf16_canon(float f) { return rk_bf16(f, 0x7FFFu); }
+inline uint16_t rk_bf16_torch(float f) { return rk_bf16(f, 0xFFFFu); }
+inline float rn_bf16(float f) { return bf16_to_f32(rk_bf16_torch(f)); }
 
 // bits of |x| with NaN -> 0: a max over these (integer compare) is the NaN-ignoring amax.
 inline uint32_t abs_bits_nonan(float x) {
@@ -160,7 +170,7 @@ inline void rmsnorm512_store(const float* x, const float* w, float eps, uint16_t
     const float ss = sum_sq_f32(x, HEAD);
     const float var = ss / 512.0f + eps;
     const float r = (float)(1.0 / std::sqrt((double)var));
-    for (int d = 0; d < HEAD; ++d) dst[d] = f32_to_bf16_rne_canon((x[d] * r) * w[d]);
+    for (int d = 0; d < HEAD; ++d) dst[d] = rk_bf16_canon((x[d] * r) * w[d]);
 }
 
 // Softmax-pool of two kv|score rows (older a, newer b), per dim (C §8.1 pool).
@@ -346,7 +356,7 @@ void dsv41_fused_indexer_q_rope_quant(
                 wres = (wv * S) * Hs;
             }
             if (wo_is_bf16)
-                ((uint16_t*)w_out)[t * wo_s0 + h * wo_s1] = f32_to_bf16_rne(wres);
+                ((uint16_t*)w_out)[t * wo_s0 + h * wo_s1] = rk_bf16_torch(wres);
             else
                 ((float*)w_out)[t * wo_s0 + h * wo_s1] = wres;
         }
@@ -397,7 +407,7 @@ void dsv41_fused_inv_rope_fp8_quant(
                 }
                 if (!quantize) {
                     uint16_t* dst = (uint16_t*)out + g * out_s0 + t * out_s1 + hg * Dh;
-                    for (int64_t d = 0; d < Dh; ++d) dst[d] = f32_to_bf16_rne_canon(y[d]);
+                    for (int64_t d = 0; d < Dh; ++d) dst[d] = rk_bf16_canon(y[d]);
                     continue;
                 }
                 for (int64_t c = 0; c < C; ++c) {
@@ -479,7 +489,7 @@ void dsv41_fused_q_kv_rmsnorm_quant(
                 const float ms = (float)(sum_sq_f64(x, Ks) / (double)Ks) + eps;
                 const float rr = (float)(1.0 / std::sqrt((double)ms));
                 uint16_t* dst = kv_out + r * kvo_s0;
-                for (int64_t i = 0; i < Ks; ++i) dst[i] = f32_to_bf16_rne_canon((x[i] * rr) * WK[i]);
+                for (int64_t i = 0; i < Ks; ++i) dst[i] = rk_bf16_canon((x[i] * rr) * WK[i]);
             }
             // Q row: RMSNorm, bf16 round trip, MXFP8 with FlashInfer's UE8M0 rule
             {

@@ -32,7 +32,6 @@ __all__ = [
     "compute_global_topk_indices_and_lens",
     "combine_topk_swa_indices",
     "build_flashinfer_mixed_sparse_indices",
-    "AOT_SPECS",
 ]
 
 _NUM_WARPS = 4
@@ -56,6 +55,36 @@ def _table_strides(t: torch.Tensor) -> tuple[int, int, int, int]:
 
 
 # ------------------------------------------------------------------------ helpers
+
+
+@triton.jit
+def _add(a, b):
+    return a + b
+
+
+@triton.jit
+def _maxnum(a, b):
+    return tl.maximum(a, b)
+
+
+# Triton's own combine functions where they exist (the interpreter recognises them and
+# reduces with numpy instead of a per-element Python loop); ours otherwise.
+_SUM_COMBINE = getattr(tl.standard, "_sum_combine", None) or _add
+_MAX_COMBINE = getattr(tl.standard, "_elementwise_max", None) or _maxnum
+
+
+@triton.jit
+def _rsum(x, axis: tl.constexpr):
+    """``tl.sum`` through ``tl.reduce`` (so that a private interpreted copy of this module,
+    ``tests/triton_interp.load_interpreted``, never calls a compiled-mode
+    ``triton.language.standard`` wrapper)."""
+    return tl.reduce(x, axis, _SUM_COMBINE)
+
+
+@triton.jit
+def _rmax(x, axis: tl.constexpr):
+    """``tl.max`` (max.f32 / maxnum: a NaN operand loses) through ``tl.reduce``."""
+    return tl.reduce(x, axis, _MAX_COMBINE)
 
 
 @triton.jit
@@ -108,7 +137,7 @@ def _global_topk_kernel(
         out = _table_slot(table_ptr, n_tab_rows, n_tab_cols, s_tab0, s_tab1,
                           req[:, None], x, present, B)
         tl.store(out_ptr + rows64[:, None] * s_out0 + cols64 * s_out1, out, mask=m)
-        count += tl.sum(present.to(tl.int32), axis=1)
+        count += _rsum(present.to(tl.int32), axis=1)
     valid = tl.load(valid_ptr + rows64 * s_valid, mask=rmask, other=0)
     tl.store(lens_ptr + rows64 * s_lens, tl.where(valid != 0, count, 0), mask=rmask)
 
@@ -289,7 +318,7 @@ def _flashinfer_mixed_kernel(
                 v = tl.full([BLOCK_R, BLOCK_C], -1, tl.int32)
             if IS_LOCAL:
                 present = v >= 0
-                count += tl.sum((present & valid[:, None]).to(tl.int32), axis=1)
+                count += _rsum((present & valid[:, None]).to(tl.int32), axis=1)
                 v = _table_slot(cmp_tab_ptr, cmp_rows, cmp_cols, s_cmp0, s_cmp1,
                                 req[:, None], v, present, cbs)
             tl.store(out_ptr + n64[:, None] * s_out0 + (W_swa + j64) * s_out1,
@@ -402,4 +431,46 @@ def build_flashinfer_mixed_sparse_indices(
     return None
 
 
-AOT_SPECS: list = []  # filled at the bottom of the module (see _register_aot)
+# ------------------------------------------------------------------------------ AOT
+
+
+def _aot_signature(kernel, pointers: dict, constexprs: dict) -> dict:
+    """Triton signature: the given pointer types, "constexpr" for constexprs, i32 else."""
+    return {
+        a: ("constexpr" if a in constexprs else pointers.get(a, "i32"))
+        for a in kernel.arg_names
+    }
+
+
+def _register_aot() -> None:
+    """Representative variants for ``backends/triton/aot.py`` (built for sm90, sm100,
+    gfx942 and gfx950: the index kernels are pure int32 and build everywhere)."""
+    from .aot import AotSpec, register
+
+    i32 = "*i32"
+    p = {"topk_ptr": i32, "req_ptr": i32, "table_ptr": i32, "valid_ptr": "*u8",
+         "out_ptr": i32, "lens_ptr": i32}
+    for br, bc in ((4, 1024), (64, 64)):
+        c = {"BLOCK_R": br, "BLOCK_C": bc}
+        register(AotSpec(f"index_kernels._global_topk_kernel[{br}x{bc}]", _global_topk_kernel,
+                         _aot_signature(_global_topk_kernel, p, c), c, num_warps=_NUM_WARPS,
+                         divisible=("topk_ptr", "out_ptr")))
+    p = {"topk_ptr": i32, "qsl_ptr": i32, "seq_ptr": i32, "gl_ptr": i32, "out_ptr": i32,
+         "lens_ptr": i32}
+    c = {"BLOCK_R": 16, "BLOCK_C": 256}
+    register(AotSpec("index_kernels._combine_topk_swa_kernel[16x256]", _combine_topk_swa_kernel,
+                     _aot_signature(_combine_topk_swa_kernel, p, c), c, num_warps=_NUM_WARPS,
+                     divisible=("topk_ptr", "out_ptr")))
+    p = {a: i32 for a in _flashinfer_mixed_kernel.arg_names if a.endswith("_ptr")}
+    p["dvalid_ptr"] = "*u8"
+    for dci, dlens, dvalid, local in ((True, True, False, False), (True, False, True, True),
+                                      (False, False, False, False)):
+        c = {"HAS_DCI": dci, "HAS_DLENS": dlens, "HAS_DVALID": dvalid, "IS_LOCAL": local,
+             "BLOCK_R": 16, "BLOCK_C": 256}
+        tag = "".join(k[0] if v else "-" for k, v in (("d", dci), ("l", dlens), ("v", dvalid), ("L", local)))
+        register(AotSpec(f"index_kernels._flashinfer_mixed_kernel[{tag}]", _flashinfer_mixed_kernel,
+                         _aot_signature(_flashinfer_mixed_kernel, p, c), c, num_warps=_NUM_WARPS,
+                         divisible=("out_ptr",)))
+
+
+_register_aot()

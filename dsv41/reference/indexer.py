@@ -42,7 +42,7 @@ from ..formats import (
     flavour_of,
 )
 
-__all__ = ["indexer_k_norm_rope_store", "fused_indexer_q_rope_quant"]
+__all__ = ["fused_indexer_q_rope_quant", "indexer_k_norm_rope_store"]
 
 F32 = torch.float32
 F64 = torch.float64

@@ -1,0 +1,959 @@
+"""Shared Triton source of the paged K-cache writers / readers (cuda:triton, rocm, xpu).
+
+One source for every vendor, parametrized by constexprs instead of copied:
+
+* ``FNUZ``       fp8 flavour of the cache: OCP e4m3fn (clamp 448) or FNUZ e4m3fnuz
+                 (clamp 224).  FNUZ is always encoded / decoded with integer bit operations
+                 (NVIDIA Triton has no ``float8e4b8``), so it builds and runs everywhere.
+* ``SOFT``       OCP e4m3 / bf16 conversions with integer bit operations instead of the
+                 native casts.  Native on NVIDIA (``cvt.rn.satfinite.e4m3x2``,
+                 ``cvt.rn.bf16.f32``, verified against torch), soft elsewhere (ROCm gfx942
+                 emulates the OCP cast, XPU unverified).  Both give the same bytes.
+* ``EXACT_LOG2`` the scale exponent ``e = ceil(fl32(log2 r))`` (spec cache_ops §2.1.3,
+                 rope_quant_ops §1.5 "(L)") from the bits of r: exponent k plus one unless
+                 the mantissa j is small enough that fl32(log2 r) rounds onto k (a fixed
+                 per-binade threshold, ``_ceil_log2``).  Equal by construction to
+                 ``dsv41.codecs.ceil_log2`` on every normal r; ``False`` uses
+                 ``ceil(tl.log2(r))`` (libdevice on NVIDIA, ``v_log_f32`` on AMD).
+* ``SANITIZE``   the gfx950 rule of spec §2.5 (``rope_quant_insert`` only).
+* tiled layouts  ROCm's 16x16 FP8 / preshuffled MXFP4 indexer layouts (``TILED``/``NPT``).
+
+The RoPE contraction is pinned with ``tl.fma``: ``e' = fma(e, c, -(o*s))``,
+``o' = fma(o, c, o*0 + e*s)`` exactly as spec rope_quant_ops §1.2 (a true sign flip is used
+for ``-(o*s)``: Triton lowers unary minus to ``0 - x``, which would turn -0 into +0 and
+break finding 2).  Every other float operation is a single IEEE operation, so every
+vendor produces the same bytes.
+
+Launchers have exactly the signatures of docs/kernel_contract.md: they write into the
+given tensors, allocate nothing, never synchronize (no ``.item()``), use the current
+stream, and launch nothing for an empty batch.  Each program handles ``BLOCK_T`` tokens x
+the full record (2-D / 4-D tiles, one load per input byte); page offsets are int64;
+every store is masked to the slots given.
+
+Op -> launcher:
+  quantize_and_insert_k_cache   -> quantize_and_insert_k_cache
+  dequantize_and_gather_k_cache -> dequantize_and_gather_k_cache
+  rope_quant_insert             -> rope_quant_insert
+  indexer_k_norm_rope_store     -> indexer_k_norm_rope_store
+  fused_save_compress_norm      -> fused_save_compress_norm
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .aot import AotSpec, register
+
+__all__ = [
+    "CONFIG",
+    "quantize_and_insert_k_cache",
+    "dequantize_and_gather_k_cache",
+    "rope_quant_insert",
+    "indexer_k_norm_rope_store",
+    "fused_save_compress_norm",
+]
+
+# --------------------------------------------------------------------------------------
+# Tunables (launch shapes never change the bytes written).
+# --------------------------------------------------------------------------------------
+
+CONFIG = {
+    # None: native OCP casts on NVIDIA CUDA, integer encoders elsewhere; True/False force.
+    "soft_fp8": None,
+    "exact_log2": True,
+    # tokens per program and warps per program, per kernel
+    "block_t": {
+        "insert": 8,
+        "gather": 8,
+        "rope": 8,
+        "indexer": 16,
+        "norm1": 8,
+        "norm2": 4,
+    },
+    "num_warps": {
+        "insert": 8,
+        "gather": 8,
+        "rope": 8,
+        "indexer": 4,
+        "norm1": 8,
+        "norm2": 8,
+        "ring": 4,
+    },
+    # upper bound on gather programs (grid = requests x workers)
+    "gather_programs": 2048,
+}
+
+
+def _soft(t: torch.Tensor) -> bool:
+    soft = CONFIG["soft_fp8"]
+    if soft is None:
+        soft = not (t.device.type == "cuda" and torch.version.hip is None)
+    return bool(soft)
+
+
+def _exact_log2() -> bool:
+    return bool(CONFIG["exact_log2"])
+
+
+# --------------------------------------------------------------------------------------
+# Number helpers (@triton.jit, inlined)
+# --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _neg(x):
+    """Exact sign flip (-0 <-> +0); unary minus would compile to 0 - x."""
+    return x * -1.0
+
+
+@triton.jit
+def _ceil_log2(r, EXACT: tl.constexpr):
+    """``ceil(fl32(log2 r))`` as fp32 for normal r > 0 or +inf (-> +inf)."""
+    if EXACT:
+        bits = r.to(tl.int32, bitcast=True)
+        ex = (bits >> 23) & 0xFF
+        man = bits & 0x7FFFFF
+        k = ex - 127
+        ak = tl.where(k < 0, 0 - k, k)
+        m = ((ak >= 2).to(tl.int32) + (ak >= 4).to(tl.int32) + (ak >= 8).to(tl.int32)
+             + (ak >= 16).to(tl.int32) + (ak >= 32).to(tl.int32) + (ak >= 64).to(tl.int32))
+        # fl32(k + log2(1 + j 2^-23)) == k  <=>  j <= floor((2^h - 1) 2^23), h = half an
+        # ulp of |k| (a quarter ulp below a power of two for negative k = -2^m).
+        tpos = tl.where(m == 2, 1, tl.where(m == 3, 2, tl.where(m == 4, 5, tl.where(
+            m == 5, 11, tl.where(m == 6, 22, 0)))))
+        tneg = tl.where(m == 3, 1, tl.where(m == 4, 2, tl.where(m == 5, 5, tl.where(
+            m == 6, 11, 0))))
+        pow2 = (1 << m) == ak
+        thr = tl.where((k < 0) & pow2, tneg, tpos)
+        e = (k + (man > thr).to(tl.int32)).to(tl.float32)
+        return tl.where(ex == 255, r, e)
+    else:
+        return tl.ceil(tl.log2(r))
+
+
+@triton.jit
+def _exp2i(e):
+    """2^e for integer-valued fp32 e (ex2.approx.ftz semantics): e <= -127 -> 0, e >= 128 -> inf."""
+    ec = tl.minimum(tl.maximum(e, -127.0), 128.0)
+    return ((ec.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _clamp_sym(x, M: tl.constexpr):
+    """sign(x) * min(|x|, M); NaN -> +-M by its sign bit (PTX min.xorsign.abs)."""
+    mag = tl.where(x != x, M, tl.minimum(tl.abs(x), M))
+    sign = (x.to(tl.int32, bitcast=True) >> 31) << 31
+    return (mag.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e4m3_encode(x, FNUZ: tl.constexpr, SOFT: tl.constexpr):
+    """fp32 (finite, |x| <= 448 / 240) -> e4m3 byte, RNE; FNUZ has no -0."""
+    if FNUZ or SOFT:
+        bits = x.to(tl.int32, bitcast=True)
+        sign = (bits >> 24) & 0x80
+        a = bits & 0x7FFFFFFF
+        af = a.to(tl.float32, bitcast=True)
+        if FNUZ:
+            # bias 8, smallest normal 2^-7, subnormal step 2^-10 (magic 2^13), max 240
+            rn = a + 0x7FFFF + ((a >> 20) & 1)
+            cn = (rn >> 20) - 952
+            cs = (af + 8192.0).to(tl.int32, bitcast=True) - 0x46000000
+            c = tl.where(a < 0x3C000000, cs, cn)
+            c = tl.minimum(c, 0x7F)
+            sign = tl.where(c == 0, 0, sign)
+        else:
+            # bias 7, smallest normal 2^-6, subnormal step 2^-9 (magic 2^14), max 448
+            rn = a + 0x7FFFF + ((a >> 20) & 1)
+            cn = (rn >> 20) - 960
+            cs = (af + 16384.0).to(tl.int32, bitcast=True) - 0x46800000
+            c = tl.where(a < 0x3C800000, cs, cn)
+            c = tl.minimum(c, 0x7E)
+        return (c | sign).to(tl.uint8)
+    else:
+        return x.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+
+
+@triton.jit
+def _e4m3_decode(b, FNUZ: tl.constexpr, SOFT: tl.constexpr):
+    """e4m3 byte (any int type) -> exact fp32; NaN bytes -> NaN."""
+    if FNUZ or SOFT:
+        bi = b.to(tl.int32) & 0xFF
+        ex = (bi >> 3) & 0xF
+        mb = bi & 7
+        if FNUZ:
+            sub = (mb.to(tl.float32) * 0.0009765625).to(tl.int32, bitcast=True)
+            nrm = ((ex + 119) << 23) | (mb << 20)
+            nan = bi == 0x80
+        else:
+            sub = (mb.to(tl.float32) * 0.001953125).to(tl.int32, bitcast=True)
+            nrm = ((ex + 120) << 23) | (mb << 20)
+            nan = (bi & 0x7F) == 0x7F
+        v = tl.where(ex == 0, sub, nrm) | ((bi & 0x80) << 24)
+        v = tl.where(nan, 0x7FC00000, v)
+        return v.to(tl.float32, bitcast=True)
+    else:
+        return b.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _bf16_bits(x, SOFT: tl.constexpr):
+    """fp32 -> bf16 bits (int16), RNE; every NaN -> 0x7FFF (the GPU's canonical NaN)."""
+    if SOFT:
+        bits = x.to(tl.int32, bitcast=True)
+        r = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    else:
+        r = x.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
+    r = tl.where(x != x, 0x7FFF, r)
+    return r.to(tl.int16)
+
+
+@triton.jit
+def _bf16_round(x, SOFT: tl.constexpr):
+    """fp32 -> bf16 (RNE) -> fp32."""
+    b = _bf16_bits(x, SOFT).to(tl.int32) << 16
+    return b.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e2m1_code(x):
+    """fp32 -> e2m1 code (int32 0..15): RNE on codes, |x| > 6 -> 6, sign bit kept."""
+    a = tl.abs(x)
+    c = ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
+         + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
+         + (a > 5.0).to(tl.int32))
+    return c | ((x.to(tl.int32, bitcast=True) >> 28) & 8)
+
+
+@triton.jit
+def _e2m1_value(c):
+    """e2m1 code -> fp32 with finding 1: magnitude code 0 is +0 whatever the sign bit."""
+    m = c & 7
+    ex = m >> 1
+    mag = tl.where(m >= 2, ((ex + 126) << 23) | ((m & 1) << 22),
+                   tl.where(m == 1, 0x3F000000, 0)).to(tl.float32, bitcast=True)
+    return tl.where((c & 8) != 0, 0.0 - mag, mag)
+
+
+@triton.jit
+def _nan_abs(x):
+    return tl.where(x != x, 0.0, tl.abs(x))
+
+
+@triton.jit
+def _ue8m0_scale(amax, FP8_MAX: tl.constexpr, EXACT_LOG2: tl.constexpr, SANITIZE: tl.constexpr):
+    """amax (NaN-ignored) -> (multiplier 2^-e, code int32) (spec cache_ops §2.1 steps 1-3, 5)."""
+    a = tl.maximum(amax, 1e-4)
+    r = a * (1.0 / FP8_MAX)
+    e = _ceil_log2(r, EXACT_LOG2)
+    if SANITIZE:
+        code = tl.minimum(tl.maximum(e + 127.0, 0.0), 254.0)
+    else:
+        code = tl.minimum(tl.maximum(e + 127.0, 0.0), 255.0)
+    return _exp2i(_neg(e)), code.to(tl.int32)
+
+
+@triton.jit
+def _ue8m0_apply(x, mult, FP8_MAX: tl.constexpr, FNUZ: tl.constexpr, SOFT: tl.constexpr):
+    """x * 2^-e, computed NaN -> +FP8_MAX (finding 3), symmetric clamp, e4m3 byte."""
+    y = x * mult
+    y = tl.where(y != y, FP8_MAX, tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX))
+    return _e4m3_encode(y, FNUZ, SOFT)
+
+
+@triton.jit
+def _rope(e, o, c, s):
+    """GPT-J pair rotation with the canonical contraction (rope_quant_ops §1.2)."""
+    e2 = tl.fma(e, c, _neg(o * s))
+    o2 = tl.fma(o, c, e * s)
+    return e2, o2
+
+
+@triton.jit
+def _rsqrt_rn(v):
+    """fl32(1 / sqrt(v)) from float64 sqrt and division (IEEE in float64 on every GPU)."""
+    v64 = v.to(tl.float64)
+    return (tl.full(v64.shape, 1.0, tl.float64) / tl.sqrt(v64)).to(tl.float32)
+
+
+@triton.jit
+def _exp2_rn(y):
+    """fl32(2^y) for fp32 y <= 0 (correctly rounded but for near-ties, ~2^-29 of inputs).
+
+    2^y = 2^n * 2^f, n = rint(y), f = y - n in [-1/2, 1/2] (exact); 2^f by a degree-14
+    Taylor polynomial in float64 with explicit fma (|error| < 2e-17), then one rounding.
+    """
+    yc = tl.maximum(y, -151.0)
+    n = tl.floor(yc + 0.5)
+    f = (yc - n).to(tl.float64)
+    # float64 constants made explicitly (a bare Python float may be typed fp32)
+    z = f * tl.full(f.shape, 0.6931471805599453, tl.float64)
+    p = tl.full(f.shape, 1.1470745597729725e-11, tl.float64)
+    p = tl.fma(p, z, tl.full(f.shape, 1.6059043836821613e-10, tl.float64))
+    p = tl.fma(p, z, tl.full(f.shape, 2.08767569878681e-09, tl.float64))
+    p = tl.fma(p, z, tl.full(f.shape, 2.505210838544172e-08, tl.float64))
+    p = tl.fma(p, z, tl.full(f.shape, 2.755731922398589e-07, tl.float64))
+    p = tl.fma(p, z, tl.full(f.shape, 2.7557319223985893e-06, tl.float64))
+    p = tl.fma(p, z, tl.full(f.shape, 2.48015873015873e-05, tl.float64))
+    p = tl.fma(p, z, tl.full(f.shape, 0.0001984126984126984, tl.float64))
+    p = tl.fma(p, z, tl.full(f.shape, 0.001388888888888889, tl.float64))
+    p = tl.fma(p, z, tl.full(f.shape, 0.008333333333333333, tl.float64))
+    p = tl.fma(p, z, tl.full(f.shape, 0.041666666666666664, tl.float64))
+    p = tl.fma(p, z, tl.full(f.shape, 0.16666666666666666, tl.float64))
+    p = tl.fma(p, z, tl.full(f.shape, 0.5, tl.float64))
+    p = tl.fma(p, z, tl.full(f.shape, 1.0, tl.float64))
+    p = tl.fma(p, z, tl.full(f.shape, 1.0, tl.float64))
+    scale = ((n.to(tl.int64) + 1023) << 52).to(tl.float64, bitcast=True)
+    return (p * scale).to(tl.float32)
+
+
+# --------------------------------------------------------------------------------------
+# quantize_and_insert_k_cache (spec cache_ops §3)
+# --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _quant_insert_kernel(
+    k_ptr, k_stride, cache_ptr, page_stride, slot_ptr, T, block_size,
+    NG: tl.constexpr, G: tl.constexpr, NQ: tl.constexpr, VB: tl.constexpr, SB: tl.constexpr,
+    HAS_TAIL: tl.constexpr, TAIL_I16: tl.constexpr, FNUZ: tl.constexpr, SOFT: tl.constexpr,
+    EXACT_LOG2: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    FP8_MAX: tl.constexpr = 224.0 if FNUZ else 448.0
+    W: tl.constexpr = NG * G
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = t < T
+    slot = tl.load(slot_ptr + t, mask=tmask, other=-1).to(tl.int64)
+    valid = tmask & (slot >= 0)
+    bs = block_size.to(tl.int64)
+    tok = slot % bs
+    page = (slot // bs) * page_stride
+    vbase = page + tok * VB
+    sbase = page + bs * VB + tok * SB
+    t64 = t.to(tl.int64)
+
+    d = tl.arange(0, W)
+    qmask = valid[:, None] & (d < NQ * G)[None, :]
+    x = tl.load(k_ptr + t64[:, None] * k_stride + d[None, :], mask=qmask, other=0.0)
+    x3 = tl.reshape(x.to(tl.float32), (BLOCK_T, NG, G))
+    amax = tl.max(_nan_abs(x3), axis=2)
+    mult, code = _ue8m0_scale(amax, FP8_MAX, EXACT_LOG2, False)
+    q = _ue8m0_apply(x3, mult[:, :, None], FP8_MAX, FNUZ, SOFT)
+    tl.store(cache_ptr + vbase[:, None] + d[None, :], tl.reshape(q, (BLOCK_T, W)), mask=qmask)
+    g = tl.arange(0, NG)
+    code = tl.where((g < NQ)[None, :], code, 0)  # V4 record: pad byte 0
+    tl.store(cache_ptr + sbase[:, None] + g[None, :], code.to(tl.uint8),
+             mask=valid[:, None] & (g < SB)[None, :])
+    if HAS_TAIL:
+        # 584: dims NQ*G.. copied verbatim as bf16 bits
+        j = tl.arange(0, 64)
+        k16 = k_ptr.to(tl.pointer_type(tl.int16))
+        tail = tl.load(k16 + t64[:, None] * k_stride + NQ * G + j[None, :], mask=valid[:, None])
+        dst = vbase + NQ * G
+        if TAIL_I16:
+            c16 = (cache_ptr + dst).to(tl.pointer_type(tl.int16))
+            tl.store(c16[:, None] + j[None, :], tail, mask=valid[:, None])
+        else:
+            ti = tail.to(tl.int32)
+            tl.store(cache_ptr + dst[:, None] + 2 * j[None, :], (ti & 0xFF).to(tl.uint8),
+                     mask=valid[:, None])
+            tl.store(cache_ptr + dst[:, None] + 2 * j[None, :] + 1,
+                     ((ti >> 8) & 0xFF).to(tl.uint8), mask=valid[:, None])
+
+
+def _i16_ok(t: torch.Tensor, *strides) -> bool:
+    return t.data_ptr() % 2 == 0 and all(s % 2 == 0 for s in strides)
+
+
+def quantize_and_insert_k_cache(k, k_cache, slot_mapping, block_size, use_fnuz, bytes_per_token):
+    T = slot_mapping.shape[0]
+    if T == 0:
+        return
+    v41 = bytes_per_token == 528
+    BT = CONFIG["block_t"]["insert"]
+    page_stride = k_cache.stride(0)
+    _quant_insert_kernel[(triton.cdiv(T, BT),)](
+        k, k.stride(0), k_cache, page_stride, slot_mapping, T, block_size,
+        NG=16 if v41 else 8, G=32 if v41 else 64, NQ=16 if v41 else 7,
+        VB=512 if v41 else 576, SB=16 if v41 else 8,
+        HAS_TAIL=not v41, TAIL_I16=_i16_ok(k_cache, page_stride),
+        FNUZ=bool(use_fnuz), SOFT=_soft(k_cache), EXACT_LOG2=_exact_log2(),
+        BLOCK_T=BT, num_warps=CONFIG["num_warps"]["insert"],
+    )
+
+
+# --------------------------------------------------------------------------------------
+# dequantize_and_gather_k_cache (spec cache_ops §4, finding 1)
+# --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _gather_kernel(
+    out_ptr, out_s0, out_s1, cache_ptr, page_stride, seq_lens_ptr, gather_lens_ptr,
+    bt_ptr, bt_s0, block_size, offset,
+    REC: tl.constexpr, HAS_GL: tl.constexpr, TAIL_I16: tl.constexpr, FNUZ: tl.constexpr,
+    SOFT: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    r = tl.program_id(0)
+    w = tl.program_id(1)
+    nw = tl.num_programs(1)
+    L = tl.load(seq_lens_ptr + r).to(tl.int32)
+    if HAS_GL:
+        n = tl.load(gather_lens_ptr + r).to(tl.int32)
+    else:
+        n = L
+    start = L - n
+    r64 = r.to(tl.int64)
+    bs = block_size.to(tl.int64)
+    o16 = out_ptr.to(tl.pointer_type(tl.int16))
+    for i0 in range(w * BLOCK_T, n, nw * BLOCK_T):
+        i = i0 + tl.arange(0, BLOCK_T)
+        m = i < n
+        p = (start + i).to(tl.int64)
+        blk = tl.load(bt_ptr + r64 * bt_s0 + p // bs, mask=m, other=0).to(tl.int64)
+        tok = p % bs
+        page = blk * page_stride
+        orow = r64 * out_s0 + (offset + i).to(tl.int64) * out_s1
+        if REC == 288:
+            # NVFP4: 256 packed bytes, 32 e4m3 scales (always OCP)
+            kb = tl.arange(0, 256)
+            pb = tl.load(cache_ptr + (page + tok * 256)[:, None] + kb[None, :], mask=m[:, None],
+                         other=0).to(tl.int32)
+            g = tl.arange(0, 32)
+            sc = tl.load(cache_ptr + (page + bs * 256 + tok * 32)[:, None] + g[None, :],
+                         mask=m[:, None], other=0)
+            S = _e4m3_decode(sc, False, SOFT)
+            pb3 = tl.reshape(pb, (BLOCK_T, 32, 8))
+            lo = _e2m1_value(pb3 & 0xF) * S[:, :, None]
+            hi = _e2m1_value(pb3 >> 4) * S[:, :, None]
+            v = tl.reshape(tl.join(lo, hi), (BLOCK_T, 512))
+            d = tl.arange(0, 512)
+            tl.store(o16 + orow[:, None] + d[None, :], _bf16_bits(v, SOFT), mask=m[:, None])
+        else:
+            if REC == 528:
+                NG: tl.constexpr = 16
+                G: tl.constexpr = 32
+                NQ: tl.constexpr = 16
+                VB: tl.constexpr = 512
+                SB: tl.constexpr = 16
+            else:
+                NG: tl.constexpr = 8
+                G: tl.constexpr = 64
+                NQ: tl.constexpr = 7
+                VB: tl.constexpr = 576
+                SB: tl.constexpr = 8
+            d = tl.arange(0, NG * G)
+            dmask = m[:, None] & (d < NQ * G)[None, :]
+            vbase = page + tok * VB
+            qb = tl.load(cache_ptr + vbase[:, None] + d[None, :], mask=dmask, other=0)
+            g = tl.arange(0, NG)
+            code = tl.load(cache_ptr + (page + bs * VB + tok * SB)[:, None] + g[None, :],
+                           mask=m[:, None] & (g < NQ)[None, :], other=0).to(tl.int32)
+            S = (code << 23).to(tl.float32, bitcast=True)  # 2^(code-127); 0 -> 0, 255 -> inf
+            v3 = tl.reshape(_e4m3_decode(qb, FNUZ, SOFT), (BLOCK_T, NG, G)) * S[:, :, None]
+            v = tl.reshape(v3, (BLOCK_T, NG * G))
+            tl.store(o16 + orow[:, None] + d[None, :], _bf16_bits(v, SOFT), mask=dmask)
+            if REC == 584:
+                j = tl.arange(0, 64)
+                src = vbase + NQ * G
+                if TAIL_I16:
+                    c16 = (cache_ptr + src).to(tl.pointer_type(tl.int16))
+                    tail = tl.load(c16[:, None] + j[None, :], mask=m[:, None])
+                else:
+                    lo = tl.load(cache_ptr + src[:, None] + 2 * j[None, :], mask=m[:, None],
+                                 other=0).to(tl.int32)
+                    hi = tl.load(cache_ptr + src[:, None] + 2 * j[None, :] + 1, mask=m[:, None],
+                                 other=0).to(tl.int32)
+                    tail = (lo | (hi << 8)).to(tl.int16)
+                tl.store(o16 + orow[:, None] + NQ * G + j[None, :], tail, mask=m[:, None])
+
+
+def dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_table, block_size,
+                                  offset, use_fnuz):
+    R = seq_lens.shape[0]
+    rows = out.shape[1] - offset
+    if R == 0 or rows <= 0:
+        return
+    rec = k_cache.shape[-1]
+    BT = CONFIG["block_t"]["gather"]
+    workers = max(1, min(triton.cdiv(rows, BT), triton.cdiv(CONFIG["gather_programs"], R)))
+    page_stride = k_cache.stride(0)
+    _gather_kernel[(R, workers)](
+        out, out.stride(0), out.stride(1), k_cache, page_stride, seq_lens,
+        gather_lens if gather_lens is not None else seq_lens,
+        block_table, block_table.stride(0), block_size, offset,
+        REC=int(rec), HAS_GL=gather_lens is not None, TAIL_I16=_i16_ok(k_cache, page_stride),
+        FNUZ=bool(use_fnuz), SOFT=_soft(k_cache), BLOCK_T=BT,
+        num_warps=CONFIG["num_warps"]["gather"],
+    )
+
+
+# --------------------------------------------------------------------------------------
+# rope_quant_insert (spec cache_ops §8.2, §2.5, findings 2-3)
+# --------------------------------------------------------------------------------------
+
+_MODE_584, _MODE_528, _MODE_288, _MODE_BF16, _MODE_FP8 = 0, 1, 2, 3, 4
+
+
+@triton.jit
+def _rope_quant_insert_kernel(
+    lat_ptr, lat_s0, pos_ptr, cs_ptr, cs_s0, cache_ptr, page_stride, row_stride, slot_ptr,
+    scale_ptr, T, block_size, CR,
+    MODE: tl.constexpr, SANITIZE: tl.constexpr, TAIL_I16: tl.constexpr, SOFT: tl.constexpr,
+    EXACT_LOG2: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = t < T
+    slot = tl.load(slot_ptr + t, mask=tmask, other=-1).to(tl.int64)
+    pos = tl.load(pos_ptr + t, mask=tmask, other=0).to(tl.int64)
+    valid = tmask & (slot >= 0) & ((pos + 1) % CR == 0)
+    crow = (pos // CR) * CR * cs_s0  # cos/sin row of the group's first position
+    bs = block_size.to(tl.int64)
+    tok = slot % bs
+    page = (slot // bs) * page_stride
+    t64 = t.to(tl.int64)
+    lrow = t64 * lat_s0
+
+    if MODE == 0:
+        # 584: NoPE quantized from the unrotated latent (7 groups of 64), pad code 0;
+        # RoPE dims rotated and stored as bf16.
+        d = tl.arange(0, 512)
+        qmask = valid[:, None] & (d < 448)[None, :]
+        x = tl.load(lat_ptr + lrow[:, None] + d[None, :], mask=qmask, other=0.0).to(tl.float32)
+        x3 = tl.reshape(x, (BLOCK_T, 8, 64))
+        mult, code = _ue8m0_scale(tl.max(_nan_abs(x3), axis=2), 448.0, EXACT_LOG2, SANITIZE)
+        q = _ue8m0_apply(x3, mult[:, :, None], 448.0, False, SOFT)
+        vbase = page + tok * 576
+        tl.store(cache_ptr + vbase[:, None] + d[None, :], tl.reshape(q, (BLOCK_T, 512)),
+                 mask=qmask)
+        g = tl.arange(0, 8)
+        code = tl.where((g < 7)[None, :], code, 0)
+        tl.store(cache_ptr + (page + bs * 576 + tok * 8)[:, None] + g[None, :], code.to(tl.uint8),
+                 mask=valid[:, None])
+        jr = tl.arange(0, 64)
+        xr = tl.load(lat_ptr + lrow[:, None] + 448 + jr[None, :], mask=valid[:, None],
+                     other=0.0).to(tl.float32)
+        e, o = tl.split(tl.reshape(xr, (BLOCK_T, 32, 2)))
+        i = tl.arange(0, 32)
+        c = tl.load(cs_ptr + crow[:, None] + i[None, :], mask=valid[:, None], other=1.0).to(tl.float32)
+        s = tl.load(cs_ptr + crow[:, None] + 32 + i[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+        e2, o2 = _rope(e, o, c, s)
+        rot = tl.reshape(tl.join(e2, o2), (BLOCK_T, 64))
+        if SANITIZE:
+            rot = tl.where(rot != rot, 0.0, rot)
+        bits = _bf16_bits(rot, SOFT)
+        dst = vbase + 448
+        if TAIL_I16:
+            c16 = (cache_ptr + dst).to(tl.pointer_type(tl.int16))
+            tl.store(c16[:, None] + jr[None, :], bits, mask=valid[:, None])
+        else:
+            bi = bits.to(tl.int32)
+            tl.store(cache_ptr + dst[:, None] + 2 * jr[None, :], (bi & 0xFF).to(tl.uint8),
+                     mask=valid[:, None])
+            tl.store(cache_ptr + dst[:, None] + 2 * jr[None, :] + 1,
+                     ((bi >> 8) & 0xFF).to(tl.uint8), mask=valid[:, None])
+    else:
+        # every pair goes through the rotation; NoPE pairs with (cos, sin) = (1, 0) (finding 2)
+        d = tl.arange(0, 512)
+        x = tl.load(lat_ptr + lrow[:, None] + d[None, :], mask=valid[:, None],
+                    other=0.0).to(tl.float32)
+        if MODE == 2:
+            NG: tl.constexpr = 32
+            HG: tl.constexpr = 8
+        else:
+            NG: tl.constexpr = 16
+            HG: tl.constexpr = 16
+        e, o = tl.split(tl.reshape(x, (BLOCK_T, NG, HG, 2)))
+        p = (tl.arange(0, NG)[:, None] * HG + tl.arange(0, HG)[None, :])[None, :, :]
+        rp = p >= 224
+        cmask = valid[:, None, None] & rp
+        c = tl.load(cs_ptr + crow[:, None, None] + (p - 224), mask=cmask, other=1.0).to(tl.float32)
+        s = tl.load(cs_ptr + crow[:, None, None] + 32 + (p - 224), mask=cmask,
+                    other=0.0).to(tl.float32)
+        e2, o2 = _rope(e, o, c, s)
+        if SANITIZE:
+            e2 = tl.where(e2 != e2, 0.0, e2)
+            o2 = tl.where(o2 != o2, 0.0, o2)
+        if MODE == 1:
+            # 528: rotated fp32 row in 16 UE8M0 groups of 32
+            amax = tl.maximum(tl.max(_nan_abs(e2), axis=2), tl.max(_nan_abs(o2), axis=2))
+            mult, code = _ue8m0_scale(amax, 448.0, EXACT_LOG2, SANITIZE)
+            qe = _ue8m0_apply(e2, mult[:, :, None], 448.0, False, SOFT)
+            qo = _ue8m0_apply(o2, mult[:, :, None], 448.0, False, SOFT)
+            q = tl.reshape(tl.join(qe, qo), (BLOCK_T, 512))
+            tl.store(cache_ptr + (page + tok * 512)[:, None] + d[None, :], q, mask=valid[:, None])
+            g = tl.arange(0, 16)
+            tl.store(cache_ptr + (page + bs * 512 + tok * 16)[:, None] + g[None, :],
+                     code.to(tl.uint8), mask=valid[:, None])
+        elif MODE == 2:
+            # 288: NVFP4 groups of 16, e4m3 scale bytes (spec §2.3)
+            amax = tl.maximum(tl.max(_nan_abs(e2), axis=2), tl.max(_nan_abs(o2), axis=2))
+            sf = tl.minimum(tl.maximum(amax * (1.0 / 6.0), 0.001953125), 448.0)
+            sb = _e4m3_encode(sf, False, SOFT)
+            S = _e4m3_decode(sb, False, SOFT)[:, :, None]
+            ce = _e2m1_code(tl.math.div_rn(e2, S))
+            co = _e2m1_code(tl.math.div_rn(o2, S))
+            ce = tl.where(e2 != e2, 7, ce)
+            co = tl.where(o2 != o2, 7, co)
+            packed = tl.reshape((ce | (co << 4)).to(tl.uint8), (BLOCK_T, 256))
+            kb = tl.arange(0, 256)
+            tl.store(cache_ptr + (page + tok * 256)[:, None] + kb[None, :], packed,
+                     mask=valid[:, None])
+            g = tl.arange(0, 32)
+            tl.store(cache_ptr + (page + bs * 256 + tok * 32)[:, None] + g[None, :], sb,
+                     mask=valid[:, None])
+        else:
+            rot = tl.reshape(tl.join(e2, o2), (BLOCK_T, 512))
+            bits = _bf16_bits(rot, SOFT)
+            rbase = page + tok * row_stride
+            if MODE == 3:
+                c16 = cache_ptr.to(tl.pointer_type(tl.int16))
+                tl.store(c16 + rbase[:, None] + d[None, :], bits, mask=valid[:, None])
+            else:
+                # fp8 rows: e4m3(clamp448(fp32(bf16(x')) * fl32(1 / scale)))
+                inv = tl.math.div_rn(1.0, tl.load(scale_ptr))
+                y = (bits.to(tl.int32) << 16).to(tl.float32, bitcast=True) * inv
+                y = tl.where(y != y, 448.0, tl.minimum(tl.maximum(y, -448.0), 448.0))
+                c8 = cache_ptr.to(tl.pointer_type(tl.uint8))
+                tl.store(c8 + rbase[:, None] + d[None, :], _e4m3_encode(y, False, SOFT),
+                         mask=valid[:, None])
+
+
+def rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio,
+                      fp8_scale, sanitize_nans):
+    T = slot_mapping.numel()
+    if T == 0:
+        return
+    B = kv_cache.shape[1]
+    if kv_cache.dtype == torch.uint8:
+        mode = {584: _MODE_584, 528: _MODE_528, 288: _MODE_288}[kv_cache.shape[-1]]
+        cache = kv_cache
+        row_stride = kv_cache.stride(1)
+    elif kv_cache.dtype == torch.bfloat16:
+        mode, cache, row_stride = _MODE_BF16, kv_cache, kv_cache.stride(1)
+    else:
+        mode, cache, row_stride = _MODE_FP8, kv_cache.view(torch.uint8), kv_cache.stride(1)
+    page_stride = kv_cache.stride(0)
+    BT = CONFIG["block_t"]["rope"]
+    _rope_quant_insert_kernel[(triton.cdiv(T, BT),)](
+        latent, latent.stride(0), positions, cos_sin_cache, cos_sin_cache.stride(0), cache,
+        page_stride, row_stride, slot_mapping,
+        fp8_scale if fp8_scale is not None else slot_mapping, T, B, compress_ratio,
+        MODE=mode, SANITIZE=bool(sanitize_nans), TAIL_I16=_i16_ok(kv_cache, page_stride),
+        SOFT=_soft(kv_cache), EXACT_LOG2=_exact_log2(), BLOCK_T=BT,
+        num_warps=CONFIG["num_warps"]["rope"],
+    )
+
+
+# --------------------------------------------------------------------------------------
+# indexer_k_norm_rope_store (spec rope_quant_ops §3, finding 2)
+# --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _indexer_k_kernel(
+    k_ptr, k_s0, pos_ptr, cs_ptr, cs_s0, w_ptr, eps, cache_ptr, page_stride, slot_ptr, T,
+    block_size, CR,
+    FP4: tl.constexpr, TILED: tl.constexpr, NPT: tl.constexpr, SOFT: tl.constexpr,
+    EXACT_LOG2: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = t < T
+    slot = tl.load(slot_ptr + t, mask=tmask, other=-1).to(tl.int64)
+    pos = tl.load(pos_ptr + t, mask=tmask, other=0).to(tl.int64)
+    valid = tmask & (slot >= 0) & ((pos + 1) % CR == 0)
+    crow = (pos // CR) * CR * cs_s0
+    bs = block_size.to(tl.int64)
+    o = slot % bs
+    page = (slot // bs) * page_stride
+
+    d = tl.arange(0, 128)
+    x = tl.load(k_ptr + (t.to(tl.int64) * k_s0)[:, None] + d[None, :], mask=valid[:, None],
+                other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + d).to(tl.float32)
+    # RMSNorm: sum of squares in float64 rounded once, exact /128, correctly rounded rsqrt
+    x64 = x.to(tl.float64)
+    ss = tl.sum(x64 * x64, axis=1).to(tl.float32)
+    v = ss * 0.0078125 + eps
+    r = _rsqrt_rn(v)
+    kn = _bf16_round((x * r[:, None]) * w[None, :], SOFT)
+    # RoPE on pairs 32..63 at the group's first position; NoPE pairs (1, 0)
+    e, od = tl.split(tl.reshape(kn, (BLOCK_T, 4, 16, 2)))
+    p = (tl.arange(0, 4)[:, None] * 16 + tl.arange(0, 16)[None, :])[None, :, :]
+    cmask = valid[:, None, None] & (p >= 32)
+    c = tl.load(cs_ptr + crow[:, None, None] + (p - 32), mask=cmask, other=1.0).to(tl.float32)
+    s = tl.load(cs_ptr + crow[:, None, None] + 32 + (p - 32), mask=cmask, other=0.0).to(tl.float32)
+    e2, o2 = _rope(e, od, c, s)
+    e2 = _bf16_round(e2, SOFT)
+    o2 = _bf16_round(o2, SOFT)
+    o1 = o[:, None]
+    if FP4:
+        # MXFP4: 4 blocks of 32 dims, ue8m0 codes (spec §1.8)
+        amax = tl.maximum(tl.max(_nan_abs(e2), axis=2), tl.max(_nan_abs(o2), axis=2))
+        amax = tl.maximum(amax, 7.052966104933726e-38)  # 6 * 2^-126
+        ex = tl.minimum(tl.maximum(_ceil_log2(amax * (1.0 / 6.0), EXACT_LOG2), -127.0), 127.0)
+        mult = _exp2i(_neg(ex))[:, :, None]
+        packed = tl.reshape((_e2m1_code(e2 * mult) | (_e2m1_code(o2 * mult) << 4)).to(tl.uint8),
+                            (BLOCK_T, 64))
+        b = tl.arange(0, 64)[None, :]
+        if TILED:
+            voff = (o1 // NPT) * (NPT * 64) + (b // 16) * (NPT * 16) + (o1 % NPT) * 16 + b % 16
+        else:
+            voff = o1 * 64 + b
+        tl.store(cache_ptr + page[:, None] + voff, packed, mask=valid[:, None])
+        sidx = tl.arange(0, 4)[None, :]
+        if TILED:
+            S_LO: tl.constexpr = 64 // NPT
+            S_HI: tl.constexpr = 4 // S_LO
+            soff = ((o1 // NPT) * (NPT * 4) + (sidx % S_LO) * (NPT * S_HI) + (o1 % NPT) * S_HI
+                    + sidx // S_LO)
+        else:
+            soff = o1 * 4 + sidx
+        tl.store(cache_ptr + page[:, None] + bs * 64 + soff, (ex + 127.0).to(tl.int32).to(tl.uint8),
+                 mask=valid[:, None])
+    else:
+        # FP8: one block of 128, OCP e4m3fn / 448, fp32 scale 2^e (little-endian bytes)
+        amax = tl.maximum(tl.max(tl.max(_nan_abs(e2), axis=2), axis=1),
+                          tl.max(tl.max(_nan_abs(o2), axis=2), axis=1))
+        ex = _ceil_log2(tl.maximum(amax, 1e-4) * (1.0 / 448.0), EXACT_LOG2)
+        mult = _exp2i(_neg(ex))[:, None, None]
+        qe = _e4m3_encode(_clamp_sym(e2 * mult, 448.0), False, SOFT)
+        qo = _e4m3_encode(_clamp_sym(o2 * mult, 448.0), False, SOFT)
+        q = tl.reshape(tl.join(qe, qo), (BLOCK_T, 128))
+        dd = d[None, :]
+        if TILED:
+            voff = (o1 // 16) * 2048 + (dd // 16) * 256 + (o1 % 16) * 16 + dd % 16
+        else:
+            voff = o1 * 128 + dd
+        tl.store(cache_ptr + page[:, None] + voff, q, mask=valid[:, None])
+        sbits = _exp2i(ex).to(tl.int32, bitcast=True)
+        jb = tl.arange(0, 4)[None, :]
+        sbytes = ((sbits[:, None] >> (8 * jb)) & 0xFF).to(tl.uint8)
+        tl.store(cache_ptr + page[:, None] + bs * 128 + o1 * 4 + jb, sbytes, mask=valid[:, None])
+
+
+def indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps,
+                              k_cache, kv_slot_mapping, compress_ratio, use_fp4_cache,
+                              mxfp4_n_per_tile, tiled):
+    T = kv_slot_mapping.numel()
+    if T == 0:
+        return
+    BT = CONFIG["block_t"]["indexer"]
+    fp4 = bool(use_fp4_cache)
+    _indexer_k_kernel[(triton.cdiv(T, BT),)](
+        k_pre, k_pre.stride(0), positions, cos_sin_cache, cos_sin_cache.stride(0),
+        rms_norm_weight, float(rms_norm_eps), k_cache, k_cache.stride(0), kv_slot_mapping, T,
+        k_cache.shape[1], compress_ratio,
+        FP4=fp4, TILED=bool(tiled), NPT=int(mxfp4_n_per_tile) if (fp4 and tiled) else 16,
+        SOFT=_soft(k_cache), EXACT_LOG2=_exact_log2(), BLOCK_T=BT,
+        num_warps=CONFIG["num_warps"]["indexer"],
+    )
+
+
+# --------------------------------------------------------------------------------------
+# fused_save_compress_norm (spec cache_ops §8.1)
+# --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _rmsnorm_store(x, w_ptr, eps, out_ptr, out_s0, t, valid, SOFT: tl.constexpr):
+    """bf16(x * rsqrt(sum(x^2)/512 + eps) * w) (sum in float64, rsqrt correctly rounded)."""
+    d = tl.arange(0, 512)
+    x64 = x.to(tl.float64)
+    ss = tl.sum(x64 * x64, axis=1).to(tl.float32)
+    var = ss * 0.001953125 + eps
+    r = _rsqrt_rn(var)
+    w = tl.load(w_ptr + d).to(tl.float32)
+    y = (x * r[:, None]) * w[None, :]
+    o16 = out_ptr.to(tl.pointer_type(tl.int16))
+    tl.store(o16 + (t.to(tl.int64) * out_s0)[:, None] + d[None, :], _bf16_bits(y, SOFT),
+             mask=valid[:, None])
+
+
+@triton.jit
+def _compress_norm_kernel(
+    kv_ptr, kv_s0, pos_ptr, st_ptr, st_s0, st_s1, cap, slot_ptr, qsl_ptr, t2r_ptr, w_ptr, eps,
+    out_ptr, out_s0, T,
+    CR: tl.constexpr, SOFT: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = t < T
+    slot = tl.load(slot_ptr + t, mask=tmask, other=-1).to(tl.int64)
+    d = tl.arange(0, 512)
+    t64 = t.to(tl.int64)
+    if CR == 1:
+        valid = tmask & (slot >= 0)
+        x = tl.load(kv_ptr + (t64 * kv_s0)[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+    else:
+        pos = tl.load(pos_ptr + t, mask=tmask, other=0).to(tl.int64)
+        valid = tmask & (slot >= 0) & (pos % 2 == 1)
+        req = tl.load(t2r_ptr + t, mask=valid, other=0)
+        q0 = tl.load(qsl_ptr + req, mask=valid, other=0)
+        in_m = (valid & (t != q0))[:, None]
+        ring_m = (valid & (t == q0))[:, None]
+        # older row: the previous token's row, or the ring row the previous chunk stored
+        prev = ((t64 - 1) * kv_s0)[:, None] + d[None, :]
+        ring = ((slot // cap) * st_s0 + ((pos - 1) % cap) * st_s1)[:, None] + d[None, :]
+        kva = tl.where(in_m, tl.load(kv_ptr + prev, mask=in_m, other=0.0),
+                       tl.load(st_ptr + ring, mask=ring_m, other=0.0))
+        sa = tl.where(in_m, tl.load(kv_ptr + prev + 512, mask=in_m, other=0.0),
+                      tl.load(st_ptr + ring + 512, mask=ring_m, other=0.0))
+        cur = (t64 * kv_s0)[:, None] + d[None, :]
+        kvb = tl.load(kv_ptr + cur, mask=valid[:, None], other=0.0)
+        sb = tl.load(kv_ptr + cur + 512, mask=valid[:, None], other=0.0)
+        mx = tl.maximum(sa, sb)
+        ea = _exp2_rn((sa - mx) * 1.4426950408889634)
+        eb = _exp2_rn((sb - mx) * 1.4426950408889634)
+        den = ea + eb
+        wa = tl.math.div_rn(ea, den)
+        wb = tl.math.div_rn(eb, den)
+        x = tl.fma(wa, kva, wb * kvb)
+    _rmsnorm_store(x, w_ptr, eps, out_ptr, out_s0, t, valid, SOFT)
+
+
+@triton.jit
+def _ring_save_kernel(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, slot_ptr, qsl_ptr, T):
+    """Per request chunk [s, e) whose first slot is >= 0: copy the last min(e-s, cap) rows."""
+    r = tl.program_id(0)
+    s = tl.load(qsl_ptr + r)
+    e = tl.load(qsl_ptr + r + 1)
+    e_eff = tl.minimum(e, T)
+    first_ok = tl.load(slot_ptr + tl.minimum(tl.maximum(s, 0), T - 1)) >= 0
+    lo = tl.maximum(s, e - cap)
+    if first_ok:
+        c = tl.arange(0, 1024)
+        for u in range(lo, e_eff):
+            sl = tl.load(slot_ptr + u).to(tl.int64)
+            if sl >= 0:
+                row = tl.load(kv_ptr + tl.cast(u, tl.int64) * kv_s0 + c)
+                tl.store(st_ptr + (sl // cap) * st_s0 + (sl % cap) * st_s1 + c, row)
+
+
+def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, query_start_loc,
+                             token_to_req_indices, rms_norm_weight, rms_norm_eps, compress_ratio,
+                             latent_out):
+    T = slot_mapping.numel()
+    if T == 0:
+        return
+    soft = _soft(latent_out)
+    eps = float(rms_norm_eps)
+    if compress_ratio == 1:
+        BT = CONFIG["block_t"]["norm1"]
+        _compress_norm_kernel[(triton.cdiv(T, BT),)](
+            kv_score, kv_score.stride(0), slot_mapping, kv_score, 0, 0, 1, slot_mapping,
+            slot_mapping, slot_mapping, rms_norm_weight, eps, latent_out, latent_out.stride(0), T,
+            CR=1, SOFT=soft, BLOCK_T=BT, num_warps=CONFIG["num_warps"]["norm1"],
+        )
+        return
+    cap = state_cache.shape[1]
+    BT = CONFIG["block_t"]["norm2"]
+    _compress_norm_kernel[(triton.cdiv(T, BT),)](
+        kv_score, kv_score.stride(0), positions, state_cache, state_cache.stride(0),
+        state_cache.stride(1), cap, slot_mapping, query_start_loc, token_to_req_indices,
+        rms_norm_weight, eps, latent_out, latent_out.stride(0), T,
+        CR=2, SOFT=soft, BLOCK_T=BT, num_warps=CONFIG["num_warps"]["norm2"],
+    )
+    R = query_start_loc.numel() - 1
+    if R > 0:
+        # after every ring read above (stream order), store the chunks' last rows
+        _ring_save_kernel[(R,)](
+            kv_score, kv_score.stride(0), state_cache, state_cache.stride(0),
+            state_cache.stride(1), cap, slot_mapping, query_start_loc, T,
+            num_warps=CONFIG["num_warps"]["ring"],
+        )
+
+
+# --------------------------------------------------------------------------------------
+# Ahead-of-time build specs (backends/triton/aot.py): the constexpr combinations the
+# launchers pick on each vendor (native OCP casts on NVIDIA, integer encoders on AMD;
+# FNUZ, tiled layouts and sanitizing where they apply).
+# --------------------------------------------------------------------------------------
+
+_CUDA = ("sm90", "sm100")
+_HIP = ("gfx942", "gfx950")
+
+
+def _sig(kernel, types: dict) -> dict:
+    return {a: types.get(a, "constexpr") for a in kernel.arg_names}
+
+
+def _register_aot() -> None:
+    mod = __name__.rpartition(".")[2]
+
+    def add(kernel, tag, types, constexprs, targets, num_warps, divisible=()):
+        register(AotSpec(
+            name=f"{mod}.{kernel.__name__}[{tag}]", kernel=kernel, signature=_sig(kernel, types),
+            constexprs=constexprs, num_warps=num_warps, targets=targets, divisible=divisible))
+
+    vendors = ((_CUDA, False, "native"), (_HIP, True, "soft"))
+    nw = CONFIG["num_warps"]
+    bt = CONFIG["block_t"]
+
+    ins_t = {"k_ptr": "*bf16", "k_stride": "i32", "cache_ptr": "*u8", "page_stride": "i32",
+             "slot_ptr": "*i64", "T": "i32", "block_size": "i32"}
+    for rec in (584, 528):
+        v41 = rec == 528
+        for fnuz in (False, True):
+            for targets, soft, flav in vendors:
+                add(_quant_insert_kernel, f"{rec},{'fnuz' if fnuz else 'ocp'},{flav}", ins_t, dict(
+                    NG=16 if v41 else 8, G=32 if v41 else 64, NQ=16 if v41 else 7,
+                    VB=512 if v41 else 576, SB=16 if v41 else 8, HAS_TAIL=not v41, TAIL_I16=True,
+                    FNUZ=fnuz, SOFT=soft, EXACT_LOG2=True, BLOCK_T=bt["insert"]),
+                    targets, nw["insert"], ("k_ptr", "cache_ptr", "page_stride", "block_size"))
+
+    gat_t = {"out_ptr": "*bf16", "out_s0": "i32", "out_s1": "i32", "cache_ptr": "*u8",
+             "page_stride": "i32", "seq_lens_ptr": "*i32", "gather_lens_ptr": "*i32",
+             "bt_ptr": "*i32", "bt_s0": "i32", "block_size": "i32", "offset": "i32"}
+    for rec, flavours in ((584, (False, True)), (528, (False, True)), (288, (False,))):
+        for fnuz in flavours:
+            for targets, soft, flav in vendors:
+                add(_gather_kernel, f"{rec},{'fnuz' if fnuz else 'ocp'},{flav}", gat_t, dict(
+                    REC=rec, HAS_GL=True, TAIL_I16=True, FNUZ=fnuz, SOFT=soft,
+                    BLOCK_T=bt["gather"]), targets, nw["gather"],
+                    ("out_ptr", "cache_ptr", "page_stride", "block_size"))
+
+    rope_t = {"lat_ptr": "*bf16", "lat_s0": "i32", "pos_ptr": "*i64", "cs_ptr": "*fp32",
+              "cs_s0": "i32", "cache_ptr": "*u8", "page_stride": "i32", "row_stride": "i32",
+              "slot_ptr": "*i64", "scale_ptr": "*fp32", "T": "i32", "block_size": "i32",
+              "CR": "i32"}
+    for mode, name in ((_MODE_584, "584"), (_MODE_528, "528"), (_MODE_288, "288"),
+                       (_MODE_BF16, "bf16rows"), (_MODE_FP8, "fp8rows")):
+        types = dict(rope_t, cache_ptr="*bf16" if mode == _MODE_BF16 else "*u8")
+        for targets, soft, flav in vendors:
+            for t in targets:
+                sanitize = t == "gfx950" and mode in (_MODE_584, _MODE_528)
+                add(_rope_quant_insert_kernel, f"{name},{flav},{t}", types, dict(
+                    MODE=mode, SANITIZE=sanitize, TAIL_I16=True, SOFT=soft, EXACT_LOG2=True,
+                    BLOCK_T=bt["rope"]), (t,), nw["rope"], ("lat_ptr", "cache_ptr", "page_stride"))
+
+    idx_t = {"k_ptr": "*bf16", "k_s0": "i32", "pos_ptr": "*i64", "cs_ptr": "*fp32",
+             "cs_s0": "i32", "w_ptr": "*bf16", "eps": "fp32", "cache_ptr": "*u8",
+             "page_stride": "i32", "slot_ptr": "*i64", "T": "i32", "block_size": "i32",
+             "CR": "i32"}
+    layouts = [(_CUDA, False, "native", False, False, 16), (_CUDA, False, "native", True, False, 16)]
+    layouts += [(_HIP, True, "soft", fp4, tiled, npt)
+                for fp4, tiled, npt in ((False, False, 16), (True, False, 16), (False, True, 16),
+                                        (True, True, 16), (True, True, 32), (True, True, 64))]
+    for targets, soft, flav, fp4, tiled, npt in layouts:
+        tag = f"{'mxfp4' if fp4 else 'fp8'},{'tiled' + str(npt) if tiled else 'rows'},{flav}"
+        add(_indexer_k_kernel, tag, idx_t, dict(FP4=fp4, TILED=tiled, NPT=npt, SOFT=soft,
+                                                EXACT_LOG2=True, BLOCK_T=bt["indexer"]),
+            targets, nw["indexer"], ("k_ptr", "cache_ptr", "page_stride"))
+
+    norm_t = {"kv_ptr": "*fp32", "kv_s0": "i32", "pos_ptr": "*i64", "st_ptr": "*fp32",
+              "st_s0": "i32", "st_s1": "i32", "cap": "i32", "slot_ptr": "*i64",
+              "qsl_ptr": "*i32", "t2r_ptr": "*i32", "w_ptr": "*bf16", "eps": "fp32",
+              "out_ptr": "*bf16", "out_s0": "i32", "T": "i32"}
+    ring_t = {"kv_ptr": "*fp32", "kv_s0": "i32", "st_ptr": "*fp32", "st_s0": "i32",
+              "st_s1": "i32", "cap": "i32", "slot_ptr": "*i64", "qsl_ptr": "*i32", "T": "i32"}
+    for targets, soft, flav in vendors:
+        for cr in (1, 2):
+            add(_compress_norm_kernel, f"cr{cr},{flav}", norm_t, dict(
+                CR=cr, SOFT=soft, BLOCK_T=bt["norm1" if cr == 1 else "norm2"]), targets,
+                nw["norm1" if cr == 1 else "norm2"], ("kv_ptr", "out_ptr", "kv_s0"))
+        add(_ring_save_kernel, flav, ring_t, {}, targets, nw["ring"], ("kv_ptr", "st_ptr"))
+
+
+_register_aot()

@@ -1,0 +1,769 @@
+"""Triton kernels of the RoPE / quantization ops (spec rope_quant_ops.md §1, §2, §4-§6).
+
+Shared by the cuda:triton, rocm and xpu backends.  The source is parametrized by
+constexprs instead of being copied per vendor:
+
+* ``FNUZ``   — e4m3 flavour: OCP e4m3fn (max 448) or FNUZ e4m3fnuz (max 224, gfx942).
+  NVIDIA Triton has no ``float8e4b8``, so FNUZ is always encoded with integer bit
+  operations (``_e4m3_code``); OCP uses the hardware convert where ``CVT_HW``.
+* ``CVT_HW`` — use the hardware fp32 -> bf16 / e4m3fn converts (NVIDIA, where they are
+  RNE + saturating, verified on the H200).  Off, every conversion is done in integer
+  arithmetic with the same results (ROCm / XPU, and the Triton interpreter, whose own
+  float conversions are not exact).  NaN handling is pinned explicitly either way.
+* RoPE always uses ``tl.fma`` in the canonical contraction (§1.2, §1.3), so every vendor
+  rounds the same way; scale exponents are computed from fp32 bits (no ``log2``): the
+  fp32-log2 ceiling "(L)" of §1.5 is reproduced exactly with an integer rule
+  (``_ceil_exp_log``), the exact ceiling "(B)" with ``_ceil_exp_bits``.
+* NaN never enters an amax (explicitly masked: max.f32 / fmax semantics of §2.7, F3).
+
+Numerics are byte-identical to ``dsv41.reference`` (indexer.py, output_quant.py), which is
+the CUDA (Triton, SM90) behaviour; the RMSNorm of ``fused_q_kv_rmsnorm_quant`` follows the
+reference's float64 sum-of-squares and correctly rounded rsqrt (``ACC_F64``).
+
+Launchers follow docs/kernel_contract.md: validated inputs, preallocated outputs written in
+place, return None, one kernel launch, no host synchronisation and no allocation (only
+dtype views of the given tensors), so they are CUDA-graph capture safe.  Each program
+handles a 2-D/3-D tile (several tokens x heads), offsets are int64, masks keep every
+store inside the outputs.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = [
+    "fused_indexer_q_rope_quant",
+    "fused_inv_rope_fp8_quant",
+    "fused_q_kv_rmsnorm_quant",
+    "pad_fused_q_heads",
+    "use_hw_convert",
+]
+
+
+def _f32(v: float) -> float:
+    """fl32(v) as a Python float (how the constant enters fp32 arithmetic)."""
+    return float(torch.tensor(v, dtype=torch.float32))
+
+
+# Constants the kernels use, as the exact fp32 values they take in fp32 arithmetic.
+_INV_448 = tl.constexpr(_f32(1.0 / 448.0))  # RN32(1/448)
+_INV_6 = tl.constexpr(_f32(1.0 / 6.0))  # RN32(1/6)
+_EPS_Q = tl.constexpr(_f32(1e-4))  # amax floor of the FP8 indexer Q (§2.2)
+_EPS_O = tl.constexpr(_f32(1e-10))  # amax floor of the inverse-RoPE quantizer (§4.1)
+_MXFP4_FLOOR = tl.constexpr(6.0 * 2.0**-126)  # MXFP4 block amax floor (§1.8), exact in fp32
+
+
+# Tests set this to True / False to force one conversion path (None: by device).
+CVT_HW_OVERRIDE: bool | None = None
+
+
+def use_hw_convert(device: torch.device) -> bool:
+    """Hardware float converts are used on NVIDIA GPUs only (see module docstring)."""
+    if CVT_HW_OVERRIDE is not None:
+        return CVT_HW_OVERRIDE
+    return device.type == "cuda" and torch.version.hip is None
+
+
+def _pow2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+# ============================================================================ helpers
+
+
+@triton.jit
+def _add(a, b):
+    return a + b
+
+
+@triton.jit
+def _maxnum(a, b):
+    return tl.maximum(a, b)
+
+
+# Triton's own combine functions where they exist (the interpreter recognises them and
+# reduces with numpy instead of a per-element Python loop); ours otherwise.
+_SUM_COMBINE = getattr(tl.standard, "_sum_combine", None) or _add
+_MAX_COMBINE = getattr(tl.standard, "_elementwise_max", None) or _maxnum
+
+
+@triton.jit
+def _rsum(x, axis: tl.constexpr):
+    """``tl.sum`` through ``tl.reduce`` (so that a private interpreted copy of this module,
+    ``tests/triton_interp.load_interpreted``, never calls a compiled-mode
+    ``triton.language.standard`` wrapper)."""
+    return tl.reduce(x, axis, _SUM_COMBINE)
+
+
+@triton.jit
+def _rmax(x, axis: tl.constexpr):
+    """``tl.max`` (max.f32 / maxnum: a NaN operand loses) through ``tl.reduce``."""
+    return tl.reduce(x, axis, _MAX_COMBINE)
+
+
+@triton.jit
+def _nan_abs(x):
+    """|x| with NaN -> 0 (a NaN never wins an amax)."""
+    return tl.where(x != x, 0.0, tl.abs(x))
+
+
+@triton.jit
+def _rn_bf16(x, CVT_HW: tl.constexpr):
+    """fp32 -> bf16 (round to nearest even) -> fp32 (the bf16 round trip, §1.4)."""
+    if CVT_HW:
+        y = x.to(tl.bfloat16).to(tl.float32)
+    else:
+        u = x.to(tl.uint32, bitcast=True)
+        r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+        y = tl.where(x != x, x, r.to(tl.float32, bitcast=True))
+    return y
+
+
+@triton.jit
+def _bf16_bits(x, CVT_HW: tl.constexpr):
+    """fp32 -> bf16 bits as int32 (RNE); every NaN -> 0x7FFF (the GPU's canonical NaN, F3)."""
+    if CVT_HW:
+        b = x.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
+    else:
+        u = x.to(tl.uint32, bitcast=True)
+        b = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).to(tl.int32)
+    return tl.where(x != x, 0x7FFF, b)
+
+
+@triton.jit
+def _e4m3_code(x, FNUZ: tl.constexpr, CVT_HW: tl.constexpr):
+    """fp32 -> e4m3 byte (int32 0..255), round to nearest even, saturating.
+
+    OCP e4m3fn: |x| > 448 and ±inf -> ±448, NaN -> 0x7F.  FNUZ e4m3fnuz: |x| > 240 -> ±240,
+    NaN -> 0x80, zero (and anything rounding to it) -> 0x00.  Same bytes as
+    ``codecs.e4m3_encode``.
+    """
+    if CVT_HW and not FNUZ:
+        code = x.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
+        code = tl.where(x != x, 0x7F, code)
+    else:
+        BIAS: tl.constexpr = 8 if FNUZ else 7
+        MAX_BITS: tl.constexpr = 0x43700000 if FNUZ else 0x43E00000  # 240.0 / 448.0
+        MIN_NORMAL_BITS: tl.constexpr = (128 - BIAS) << 23
+        SUB_SCALE: tl.constexpr = 2.0 ** (BIAS + 2)  # subnormal step 2^-(BIAS+2) -> 1
+        u = x.to(tl.uint32, bitcast=True)
+        sign = (u >> 31).to(tl.int32)
+        a = (u & 0x7FFFFFFF).to(tl.int32)
+        nan = a > 0x7F800000
+        a = tl.minimum(a, MAX_BITS)  # saturate (±inf included)
+        # normal range: round the fp32 mantissa to 3 bits (RNE) and rebias the exponent
+        normal = ((a + 0x7FFFF + ((a >> 20) & 1)) >> 20) - ((127 - BIAS) << 3)
+        # subnormal range: RNE(|x| / 2^-(BIAS+2)) with the fp32 2^23 rounding trick
+        af = a.to(tl.float32, bitcast=True)
+        sub = (af * SUB_SCALE + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
+        code = tl.where(a < MIN_NORMAL_BITS, sub, normal)
+        if FNUZ:
+            code = tl.where(code == 0, 0, code | (sign << 7))
+            code = tl.where(nan, 0x80, code)
+        else:
+            code = tl.where(nan, 0x7F, code | (sign << 7))
+    return code
+
+
+@triton.jit
+def _e2m1_code(x):
+    """fp32 -> e2m1 code 0..15 (RNE on codes, |x| > 6 -> 6, sign bit kept; §1.7)."""
+    a = tl.abs(x)
+    code = (a > 0.25).to(tl.int32)
+    code += (a >= 0.75).to(tl.int32)
+    code += (a > 1.25).to(tl.int32)
+    code += (a >= 1.75).to(tl.int32)
+    code += (a > 2.5).to(tl.int32)
+    code += (a >= 3.5).to(tl.int32)
+    code += (a > 5.0).to(tl.int32)
+    sign = (x.to(tl.uint32, bitcast=True) >> 31).to(tl.int32)
+    return code | (sign << 3)
+
+
+@triton.jit
+def _ceil_exp_log(s):
+    """``ceil(RN32(log2 s))`` for fp32 s > 0 (normal) or +inf (-> 128), from the bits.
+
+    For s = 2^k (1 + m 2^-23), m > 0, the exact log2 lies in (k, k+1); its fp32 rounding
+    falls back onto k iff log2(1 + m 2^-23) is below half an ulp of k (on the side towards
+    zero for k < 0), i.e. iff m <= thr(n) with n = k (k > 0) or |k| - 1 (k < 0) and
+    thr = floor(ln2 2^(floor(log2 n) - 1)) = 1, 2, 5, 11, 22, 44 for n in [4, 8), [8, 16),
+    ..., [128, 256) (0 below 4).  No tie can occur (the log is irrational).
+    """
+    b = s.to(tl.int32, bitcast=True)
+    k = ((b >> 23) & 0xFF) - 127
+    m = b & 0x7FFFFF
+    n = tl.where(k > 0, k, -k - 1)
+    thr = tl.where(n >= 128, 44, tl.where(n >= 64, 22, tl.where(n >= 32, 11, tl.where(
+        n >= 16, 5, tl.where(n >= 8, 2, tl.where(n >= 4, 1, 0))))))
+    return k + (m > thr).to(tl.int32)
+
+
+@triton.jit
+def _pow2_of(e):
+    """2^e as fp32 for integer e in [-126, 128] (128 -> +inf)."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _inv_pow2_of(e):
+    """2^-e as fp32 for integer e in [-126, 128]; 0 for e >= 127 (``exp2i`` flush)."""
+    bits = tl.where(e >= 127, 0, (127 - e) << 23)
+    return bits.to(tl.float32, bitcast=True)
+
+
+# ============================================================= §2 fused_indexer_q_rope_quant
+
+
+@triton.jit(do_not_specialize=["T", "H"])
+def _indexer_q_kernel(
+    pos_ptr, s_pos,
+    q_ptr, s_q0, s_q1,
+    cs_ptr, s_cs,
+    w_ptr, s_w0, s_w1,
+    out_ptr, s_o0, s_o1,
+    sc_ptr, s_sc0, s_sc1,
+    wo_ptr, s_wo0, s_wo1,
+    T, H, softmax_scale, head_scale,
+    D: tl.constexpr, NOPE: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr,
+    USE_FP4: tl.constexpr, FNUZ: tl.constexpr, CVT_HW: tl.constexpr, WO_BF16: tl.constexpr,
+):
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    tm = t < T
+    th_m = tm[:, None] & (h < H)[None, :]  # [BT, BH]
+    t64 = t.to(tl.int64)
+    h64 = h.to(tl.int64)
+
+    # One row of positions / cos / sin per token, broadcast over heads.
+    pos = tl.load(pos_ptr + t64 * s_pos, mask=tm, other=0).to(tl.int64)
+    i = tl.arange(0, BLOCK_P)  # pair index: elements 2i, 2i+1
+    rope = (i >= NOPE // 2) & (i < D // 2)
+    ri = tl.where(rope, i - NOPE // 2, 0)
+    cs_off = pos[:, None] * s_cs + ri[None, :]
+    cs_m = tm[:, None] & rope[None, :]
+    c = tl.load(cs_ptr + cs_off, mask=cs_m, other=1.0).to(tl.float32)[:, None, :]
+    s = tl.load(cs_ptr + cs_off + HALF, mask=cs_m, other=0.0).to(tl.float32)[:, None, :]
+
+    d = tl.arange(0, 2 * BLOCK_P)
+    d_m = th_m[:, :, None] & (d < D)[None, None, :]
+    x = tl.load(q_ptr + (t64 * s_q0)[:, None, None] + (h64 * s_q1)[None, :, None] + d[None, None, :],
+                mask=d_m, other=0.0).to(tl.float32)
+    e, o = tl.split(tl.reshape(x, [BLOCK_T, BLOCK_H, BLOCK_P, 2]))
+
+    # §1.2 forward RoPE on the last R dims (canonical contraction), then the bf16 round
+    # trip; NoPE pairs are selected unchanged (not rotated: zero signs kept).
+    new_e = _rn_bf16(tl.fma(e, c, -(o * s)), CVT_HW)
+    new_o = _rn_bf16(tl.fma(o, c, e * s), CVT_HW)
+    rope3 = rope[None, None, :]
+    e = tl.where(rope3, new_e, e)
+    o = tl.where(rope3, new_o, o)
+
+    w = tl.load(w_ptr + (t64 * s_w0)[:, None] + (h64 * s_w1)[None, :], mask=th_m, other=0.0).to(tl.float32)
+    wo_off = (t64 * s_wo0)[:, None] + (h64 * s_wo1)[None, :]
+
+    if USE_FP4:
+        # §2.3 / §1.8: blocks of 32 elements = 16 pairs.
+        NB: tl.constexpr = BLOCK_P // 16
+        e4 = tl.reshape(e, [BLOCK_T, BLOCK_H, NB, 16])
+        o4 = tl.reshape(o, [BLOCK_T, BLOCK_H, NB, 16])
+        amax = tl.maximum(_rmax(_nan_abs(e4), axis=3), _rmax(_nan_abs(o4), axis=3))
+        amax = tl.maximum(amax, _MXFP4_FLOOR)
+        E = tl.minimum(tl.maximum(_ceil_exp_log(amax * _INV_6), -127), 127)
+        inv = _inv_pow2_of(E)[:, :, :, None]
+        byte = _e2m1_code(e4 * inv) | (_e2m1_code(o4 * inv) << 4)  # element 2k low nibble
+        byte = tl.reshape(byte, [BLOCK_T, BLOCK_H, BLOCK_P]).to(tl.uint8)
+        p_m = th_m[:, :, None] & (i < D // 2)[None, None, :]
+        tl.store(out_ptr + (t64 * s_o0)[:, None, None] + (h64 * s_o1)[None, :, None] + i[None, None, :],
+                 byte, mask=p_m)
+        b = tl.arange(0, NB)
+        b_m = th_m[:, :, None] & (b < D // 32)[None, None, :]
+        tl.store(sc_ptr + (t64 * s_sc0)[:, None, None] + (h64 * s_sc1)[None, :, None] + b[None, None, :],
+                 (E + 127).to(tl.uint8), mask=b_m)
+        # weights_out = RN32(RN32(w·S)·Hs): no q scale.
+        wo = (w * softmax_scale) * head_scale
+    else:
+        # §2.2: one scale per head, s = max(amax, 1e-4) / FP8_MAX (correctly rounded).
+        FP8_MAX: tl.constexpr = 224.0 if FNUZ else 448.0
+        amax = tl.maximum(_rmax(_nan_abs(e), axis=2), _rmax(_nan_abs(o), axis=2))
+        amax = tl.maximum(amax, _EPS_Q)
+        E = _ceil_exp_log(tl.math.div_rn(amax, tl.full([BLOCK_T, BLOCK_H], FP8_MAX, tl.float32)))
+        inv = _inv_pow2_of(E)[:, :, None]  # x / 2^E, exact (0 for an infinite scale)
+        codes = tl.join(_e4m3_code(e * inv, FNUZ, CVT_HW), _e4m3_code(o * inv, FNUZ, CVT_HW))
+        codes = tl.reshape(codes, [BLOCK_T, BLOCK_H, 2 * BLOCK_P]).to(tl.uint8)
+        tl.store(out_ptr + (t64 * s_o0)[:, None, None] + (h64 * s_o1)[None, :, None] + d[None, None, :],
+                 codes, mask=d_m)
+        # weights_out = RN32(RN32(RN32(w·q_scale)·S)·Hs), left to right.
+        wo = ((w * _pow2_of(E)) * softmax_scale) * head_scale
+    if WO_BF16:
+        tl.store(wo_ptr + wo_off, _bf16_bits(wo, CVT_HW).to(tl.int16), mask=th_m)
+    else:
+        tl.store(wo_ptr + wo_off, wo, mask=th_m)
+
+
+def _tile_th(T: int, H: int, row_elems: int, target: int) -> tuple[int, int]:
+    """(BLOCK_T, BLOCK_H) so that a program holds about ``target`` elements."""
+    bh = min(_pow2(H), max(1, target // row_elems))
+    bt = min(_pow2(T), max(1, target // (bh * row_elems)))
+    return bt, bh
+
+
+def _target(total_elems: int) -> tuple[int, int]:
+    """(elements per program, num_warps): big tiles at prefill sizes, small ones (more
+    programs, lower latency) at decode sizes."""
+    if total_elems >= 132 * 4 * 8192:
+        return 8192, 8
+    return 2048, 4
+
+
+def fused_indexer_q_rope_quant(
+    positions, index_q, cos_sin_cache, index_weights, softmax_scale, head_scale,
+    use_fp4, use_fnuz, q_out, q_scale_out, weights_out,
+):
+    """R §2: RoPE on the last R dims of every head, then FP8 (OCP / FNUZ, scale folded into
+    the weights) or MXFP4 (packed e2m1 + per-32 ue8m0 bytes)."""
+    T, H, D = index_q.shape
+    if T == 0 or H == 0:
+        return None
+    R = cos_sin_cache.shape[-1]
+    nope = D - R
+    assert index_q.stride(2) == 1 and q_out.stride(2) == 1 and cos_sin_cache.stride(-1) == 1
+    assert nope % 2 == 0 and R % 2 == 0
+    block_p = _pow2(D // 2)
+    target, warps = _target(T * H * D)
+    bt, bh = _tile_th(T, H, 2 * block_p, target)
+    out = q_out.view(torch.uint8)
+    if use_fp4:
+        assert D % 32 == 0 and nope % 32 == 0
+        sc = q_scale_out
+        sc_strides = (sc.stride(0), sc.stride(1))
+    else:
+        sc, sc_strides = out, (0, 0)  # q_scale_out is empty in the FP8 path
+    wo_bf16 = weights_out.dtype == torch.bfloat16
+    wo = weights_out.view(torch.int16) if wo_bf16 else weights_out
+    grid = (triton.cdiv(T, bt), triton.cdiv(H, bh))
+    _indexer_q_kernel[grid](
+        positions, positions.stride(0),
+        index_q, index_q.stride(0), index_q.stride(1),
+        cos_sin_cache, cos_sin_cache.stride(0),
+        index_weights, index_weights.stride(0), index_weights.stride(1),
+        out, out.stride(0), out.stride(1),
+        sc, *sc_strides,
+        wo, wo.stride(0), wo.stride(1),
+        T, H, float(softmax_scale), float(head_scale),
+        D=D, NOPE=nope, HALF=R // 2,
+        BLOCK_T=bt, BLOCK_H=bh, BLOCK_P=block_p,
+        USE_FP4=bool(use_fp4), FNUZ=bool(use_fnuz) and not use_fp4,
+        CVT_HW=use_hw_convert(index_q.device), WO_BF16=wo_bf16,
+        num_warps=warps,
+    )
+    return None
+
+
+# ============================================================== §4 fused_inv_rope_fp8_quant
+
+
+@triton.jit(do_not_specialize=["T", "Ta", "NH"])
+def _inv_rope_kernel(
+    o_ptr, s_o0, s_o1,
+    pos_ptr, s_pos,
+    cs_ptr, s_cs,
+    out_ptr, s_ob0, s_ob1,
+    sc_ptr, s_sc0, s_sc1,
+    T, Ta, NH,
+    HG: tl.constexpr, DH: tl.constexpr, NOPE: tl.constexpr, HALF: tl.constexpr,
+    QG: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr,
+    QUANT: tl.constexpr, PACKED: tl.constexpr, PERM: tl.constexpr, CVT_HW: tl.constexpr,
+):
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    n = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    tm = t < T
+    nm = n < NH
+    th_m = tm[:, None] & nm[None, :]
+    t64 = t.to(tl.int64)
+    n64 = n.to(tl.int64)
+    g = n64 // HG
+    hg = n % HG
+
+    pos = tl.load(pos_ptr + t64 * s_pos, mask=tm, other=0).to(tl.int64)
+    i = tl.arange(0, BLOCK_P)
+    rope = (i >= NOPE // 2) & (i < DH // 2)
+    ri = tl.where(rope, i - NOPE // 2, 0)
+    cs_off = pos[:, None] * s_cs + ri[None, :]
+    cs_m = tm[:, None] & rope[None, :]
+    c = tl.load(cs_ptr + cs_off, mask=cs_m, other=1.0)[:, None, :]
+    s = tl.load(cs_ptr + cs_off + HALF, mask=cs_m, other=0.0)[:, None, :]
+
+    d = tl.arange(0, 2 * BLOCK_P)
+    d_m = th_m[:, :, None] & (d < DH)[None, None, :]
+    x = tl.load(o_ptr + (t64 * s_o0)[:, None, None] + (n64 * s_o1)[None, :, None] + d[None, None, :],
+                mask=d_m, other=0.0).to(tl.float32)
+    e, od = tl.split(tl.reshape(x, [BLOCK_T, BLOCK_H, BLOCK_P, 2]))
+
+    # §1.3 inverse RoPE on dims NOPE..DH-1; NoPE dims selected unchanged.
+    rope3 = rope[None, None, :]
+    e_new = tl.fma(e, c, od * s)
+    o_new = tl.fma(od, c, -(e * s))
+    e = tl.where(rope3, e_new, e)
+    od = tl.where(rope3, o_new, od)
+
+    # Row (g, t) of the [G, T, Dg] output.
+    row = g[None, :, None] * s_ob0 + (t64 * s_ob1)[:, None, None]  # [BT, BH, 1]
+    hg3 = hg[None, :, None]
+    if PERM:
+        col = (d // QG)[None, None, :] * (HG * QG) + hg3 * QG + (d % QG)[None, None, :]
+    else:
+        col = hg3 * DH + d[None, None, :]
+
+    if not QUANT:
+        # §4.6: bf16 of the rotated fp32 values, NaN -> 0x7FFF.
+        y = tl.join(_bf16_bits(e, CVT_HW), _bf16_bits(od, CVT_HW))
+        y = tl.reshape(y, [BLOCK_T, BLOCK_H, 2 * BLOCK_P]).to(tl.int16)
+        tl.store(out_ptr + row + col, y, mask=d_m)
+    else:
+        # §4.3: per chunk of QG dims, amax (floor 1e-10), s = amax·RN32(1/448),
+        # E = ceil(RN32(log2 s)) (L), codes e4m3(clamp(x / 2^E, ±448)), NaN -> +448.
+        CP: tl.constexpr = QG // 2
+        NC: tl.constexpr = BLOCK_P // CP
+        C: tl.constexpr = DH // QG
+        e4 = tl.reshape(e, [BLOCK_T, BLOCK_H, NC, CP])
+        o4 = tl.reshape(od, [BLOCK_T, BLOCK_H, NC, CP])
+        amax = tl.maximum(_rmax(_nan_abs(e4), axis=3), _rmax(_nan_abs(o4), axis=3))
+        amax = tl.maximum(amax, _EPS_O)
+        E = _ceil_exp_log(amax * _INV_448)  # [BT, BH, NC]
+        inv = _inv_pow2_of(E)[:, :, :, None]
+        qe = e4 * inv
+        qo = o4 * inv
+        qe = tl.where(qe != qe, 448.0, tl.minimum(tl.maximum(qe, -448.0), 448.0))
+        qo = tl.where(qo != qo, 448.0, tl.minimum(tl.maximum(qo, -448.0), 448.0))
+        codes = tl.join(_e4m3_code(qe, False, CVT_HW), _e4m3_code(qo, False, CVT_HW))
+        codes = tl.reshape(codes, [BLOCK_T, BLOCK_H, 2 * BLOCK_P]).to(tl.uint8)
+        tl.store(out_ptr + row + col, codes, mask=d_m)
+
+        # §4.5 / §4.7 scales: element (t, g, k) at [g, k·Ta + t]; rows T <= t < Ta get 0.
+        cc = tl.arange(0, NC)[None, None, :]
+        if PERM:
+            blk = cc * HG + hg3
+        else:
+            blk = hg3 * C + cc
+        s_m = ((t < Ta)[:, None] & nm[None, :])[:, :, None] & (cc < C)
+        g3 = g[None, :, None] * s_sc0
+        t3 = t64[:, None, None]
+        tm3 = tm[:, None, None]
+        if PACKED:
+            # int32 words of four ue8m0 bytes, block 4w+b in byte b (little endian).
+            val = tl.where(tm3, E + 127, 0).to(tl.uint8)
+            addr = 4 * (g3 + ((blk // 4).to(tl.int64) * Ta + t3) * s_sc1) + (blk % 4)
+        else:
+            val = tl.where(tm3, _pow2_of(E), 0.0)
+            addr = g3 + (blk.to(tl.int64) * Ta + t3) * s_sc1
+        tl.store(sc_ptr + addr, val, mask=s_m)
+
+
+def fused_inv_rope_fp8_quant(
+    o, positions, cos_sin_cache, n_groups, heads_per_group, nope_dim, rope_dim,
+    quant_group_size, tma_aligned_scales, quantize, permuted_output, out_buf, scale_buf,
+):
+    """R §4: inverse RoPE of the attention output + per-``quant_group_size`` FP8 quant
+    into the grouped ``[G, T, Dg]`` layout (standard or FlashMLA-permuted), scales fp32 or
+    packed ue8m0 in the TMA-aligned MN-major layout."""
+    T, NH, Dh = o.shape
+    G, HG, QG = n_groups, heads_per_group, quant_group_size
+    if T == 0 or NH == 0:
+        return None
+    assert o.stride(2) == 1 and out_buf.stride(2) == 1 and cos_sin_cache.stride(-1) == 1
+    assert nope_dim % 2 == 0 and rope_dim % 2 == 0 and Dh == nope_dim + rope_dim
+    block_p = _pow2(Dh // 2)
+    if quantize:
+        assert QG % 2 == 0 and (QG & (QG - 1)) == 0 and Dh % QG == 0, "power-of-two quant groups"
+        C = Dh // QG
+        S = HG * C
+        K = (S + 3) // 4 if tma_aligned_scales else S
+        Ta = scale_buf.shape[1] // K
+        if tma_aligned_scales:
+            assert S % 4 == 0 and scale_buf.stride(1) == 1
+            sc = scale_buf.view(torch.uint8)
+        else:
+            sc = scale_buf
+        sc_strides = (scale_buf.stride(0), scale_buf.stride(1))
+        out = out_buf.view(torch.uint8)
+    else:
+        Ta = T
+        sc, sc_strides = o, (0, 0)  # nothing is written
+        out = out_buf.view(torch.int16)
+        assert out_buf.dtype == torch.bfloat16, "quantize=False writes bf16 rows"
+    target, warps = _target(T * NH * Dh)
+    bt, bh = _tile_th(Ta, NH, 2 * block_p, target)
+    grid = (triton.cdiv(Ta, bt), triton.cdiv(NH, bh))
+    _inv_rope_kernel[grid](
+        o, o.stride(0), o.stride(1),
+        positions, positions.stride(0),
+        cos_sin_cache, cos_sin_cache.stride(0),
+        out, out_buf.stride(0), out_buf.stride(1),
+        sc, *sc_strides,
+        T, Ta, NH,
+        HG=HG, DH=Dh, NOPE=nope_dim, HALF=rope_dim // 2, QG=QG if quantize else 2,
+        BLOCK_T=bt, BLOCK_H=bh, BLOCK_P=block_p,
+        QUANT=bool(quantize), PACKED=bool(quantize and tma_aligned_scales),
+        PERM=bool(quantize and permuted_output), CVT_HW=use_hw_convert(o.device),
+        num_warps=warps,
+    )
+    return None
+
+
+# ============================================================== §5 fused_q_kv_rmsnorm_quant
+
+
+@triton.jit
+def _rrms(ss64, size, eps, ACC_F64: tl.constexpr):
+    """rrms = RN32(1/sqrt(RN32(RN32(Σx²/size) + eps))) from the float64 row sums ``ss64``:
+    the reference's correctly rounded arithmetic (division, sqrt and reciprocal in float64,
+    each IEEE-rounded).  Without ACC_F64 (devices lacking fp64) the same in fp32 (close, not
+    bit-exact)."""
+    if ACC_F64:
+        # fp64 '/' and sqrt are IEEE (div.rn.f64 / sqrt.rn.f64; there is no fp64 approx).
+        ms = (ss64 / (tl.zeros(ss64.shape, ss64.dtype) + size)).to(tl.float32) + eps
+        one = tl.full(ms.shape, 1.0, tl.float64)
+        r = (one / tl.sqrt(ms.to(tl.float64))).to(tl.float32)
+    else:
+        ms = tl.math.div_rn(ss64, tl.zeros(ss64.shape, ss64.dtype) + size) + eps
+        r = tl.math.div_rn(tl.full(ms.shape, 1.0, tl.float32), tl.sqrt_rn(ms))
+    return r
+
+
+@triton.jit
+def _q_rows(qr_ptr, s_qr, qw_ptr, eps, qo_ptr, s_qo, qs_ptr, s_qs, r, T, Tp, QS, Gq, Gp,
+            BLOCK_G: tl.constexpr, Q_BF16: tl.constexpr, ACC_F64: tl.constexpr,
+            CVT_HW: tl.constexpr):
+    """Q rows ``r``: RMSNorm, q.dtype round trip, MXFP8 per 32 + swizzled scale bytes."""
+    rm = r < T
+    r64 = r.to(tl.int64)
+    gi = tl.arange(0, BLOCK_G)
+    col = gi[:, None] * 32 + tl.arange(0, 32)[None, :]  # [BG, 32]
+    cm = col < QS
+    m = rm[:, None, None] & cm[None, :, :]
+    x = tl.load(qr_ptr + (r64 * s_qr)[:, None, None] + col[None, :, :], mask=m, other=0.0).to(tl.float32)
+    w = tl.load(qw_ptr + col, mask=cm, other=0.0).to(tl.float32)[None, :, :]
+    if ACC_F64:
+        xa = x.to(tl.float64)
+    else:
+        xa = x
+    rr = _rrms(_rsum(_rsum(xa * xa, axis=2), axis=1), QS, eps, ACC_F64)
+    y = (x * rr[:, None, None]) * w
+    if Q_BF16:
+        y = _rn_bf16(y, CVT_HW)  # q.dtype round trip
+    # MXFP8 per 32: FlashInfer's UE8M0 rule on n = amax·RN32(1/448).
+    nb = (_rmax(_nan_abs(y), axis=2) * _INV_448).to(tl.int32, bitcast=True)
+    ex = (nb >> 23) & 0xFF
+    mt = nb & 0x7FFFFF
+    bump = (mt != 0) & ((ex != 0) | (mt > 0x400000))
+    sf = tl.minimum(ex + bump.to(tl.int32), 254)
+    sf = tl.where(nb <= 0, 0, sf)  # n = +0 (n is never negative here)
+    inv = tl.where(sf == 0, 0, (254 - sf) << 23).to(tl.float32, bitcast=True)
+    codes = _e4m3_code(y * inv[:, :, None], False, CVT_HW).to(tl.uint8)
+    tl.store(qo_ptr + (r64 * s_qo)[:, None, None] + col[None, :, :], codes, mask=m)
+    # Scale bytes in the F8_128x4 swizzle; rows >= T and groups >= Gq are 0.
+    g2 = gi[None, :]
+    r2 = r64[:, None]
+    sval = tl.where(rm[:, None] & (g2 < Gq), sf, 0).to(tl.uint8)
+    off = ((r2 // 128) * (128 * Gp) + (g2 // 4) * 512 + (r2 % 32) * 16
+           + ((r2 % 128) // 32) * 4 + (g2 % 4))
+    tl.store(qs_ptr + off * s_qs, sval, mask=(r2 < Tp) & (g2 < Gp))
+
+
+@triton.jit
+def _kv_rows(kv_ptr, s_kv, kvw_ptr, eps, kvo_ptr, s_kvo, r, T, KS,
+             BLOCK_KV: tl.constexpr, KV_BF16: tl.constexpr, ACC_F64: tl.constexpr,
+             CVT_HW: tl.constexpr):
+    """KV rows ``r``: RMSNorm stored in kv_out's dtype (bf16 RNE, NaN -> 0x7FFF)."""
+    rm = r < T
+    r64 = r.to(tl.int64)
+    col = tl.arange(0, BLOCK_KV)
+    cm = col < KS
+    m = rm[:, None] & cm[None, :]
+    x = tl.load(kv_ptr + (r64 * s_kv)[:, None] + col[None, :], mask=m, other=0.0).to(tl.float32)
+    w = tl.load(kvw_ptr + col, mask=cm, other=0.0).to(tl.float32)[None, :]
+    if ACC_F64:
+        xa = x.to(tl.float64)
+    else:
+        xa = x
+    rr = _rrms(_rsum(xa * xa, axis=1), KS, eps, ACC_F64)
+    y = (x * rr[:, None]) * w
+    off = (r64 * s_kvo)[:, None] + col[None, :]
+    if KV_BF16:
+        tl.store(kvo_ptr + off, _bf16_bits(y, CVT_HW).to(tl.int16), mask=m)
+    else:
+        tl.store(kvo_ptr + off, y, mask=m)
+
+
+@triton.jit(do_not_specialize=["T", "Tp", "QS", "KS", "Gq", "Gp"])
+def _q_kv_rmsnorm_kernel(
+    qr_ptr, s_qr, kv_ptr, s_kv, qw_ptr, kvw_ptr, eps,
+    qo_ptr, s_qo, qs_ptr, s_qs, kvo_ptr, s_kvo,
+    T, Tp, QS, KS, Gq, Gp,
+    BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_KV: tl.constexpr,
+    Q_BF16: tl.constexpr, KV_BF16: tl.constexpr, ACC_F64: tl.constexpr, CVT_HW: tl.constexpr,
+):
+    # Grid (row tiles covering Tp, 2): column 0 = Q rows (+ every scale byte), 1 = KV rows.
+    r = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    if tl.program_id(1) == 0:
+        _q_rows(qr_ptr, s_qr, qw_ptr, eps, qo_ptr, s_qo, qs_ptr, s_qs, r, T, Tp, QS, Gq, Gp,
+                BLOCK_G, Q_BF16, ACC_F64, CVT_HW)
+    else:
+        _kv_rows(kv_ptr, s_kv, kvw_ptr, eps, kvo_ptr, s_kvo, r, T, KS,
+                 BLOCK_KV, KV_BF16, ACC_F64, CVT_HW)
+
+
+def fused_q_kv_rmsnorm_quant(qr, kv, q_weight, kv_weight, eps, q_out, q_scale_out, kv_out):
+    """R §5: RMSNorm of the Q and KV rows; KV stored in kv_out's dtype, Q as MXFP8
+    (e4m3fn + FlashInfer UE8M0 scales in the F8_128x4 swizzle, every scale byte written)."""
+    T, QS = qr.shape
+    KS = kv.shape[1]
+    Gq = QS // 32
+    Tp = (T + 127) // 128 * 128
+    Gp = (Gq + 3) // 4 * 4
+    if T == 0:
+        return None
+    assert QS % 32 == 0 and qr.stride(1) == 1 and kv.stride(1) == 1
+    assert q_weight.stride(0) == 1 and kv_weight.stride(0) == 1
+    assert qr.dtype in (torch.bfloat16, torch.float32), "q rows: bf16 or fp32"
+    assert kv_out.dtype in (torch.bfloat16, torch.float32), "kv rows: bf16 or fp32"
+    block_g = max(4, _pow2(Gq))
+    block_kv = _pow2(KS)
+    width = max(block_g * 32, block_kv)
+    target = 8192 if T >= 132 * 8 else 2048
+    bt = max(1, min(_pow2(max(T, 1)), target // width))
+    warps = 8 if bt * width >= 8192 else 4
+    kv_bf16 = kv_out.dtype == torch.bfloat16
+    kvo = kv_out.view(torch.int16) if kv_bf16 else kv_out
+    qo = q_out.view(torch.uint8)
+    grid = (triton.cdiv(max(Tp, T), bt), 2)
+    _q_kv_rmsnorm_kernel[grid](
+        qr, qr.stride(0), kv, kv.stride(0), q_weight, kv_weight, float(eps),
+        qo, qo.stride(0), q_scale_out, q_scale_out.stride(0), kvo, kvo.stride(0),
+        T, Tp, QS, KS, Gq, Gp,
+        BLOCK_T=bt, BLOCK_G=block_g, BLOCK_KV=block_kv,
+        Q_BF16=qr.dtype == torch.bfloat16, KV_BF16=kv_bf16, ACC_F64=True,
+        CVT_HW=use_hw_convert(qr.device),
+        num_warps=warps,
+    )
+    return None
+
+
+# ===================================================================== §6.3 pad_fused_q_heads
+
+
+@triton.jit(do_not_specialize=["n_rows", "W_in", "W_out"])
+def _pad_q_heads_kernel(
+    q_ptr, s_q, out_ptr, s_out, n_rows, W_in, W_out,
+    NCH: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
+):
+    # Row r = (token t, chunk c); chunk c of a token is [H, 16] in q and [H_pad, 16] in out.
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rm = r < n_rows
+    t = (r // NCH).to(tl.int64)
+    c = (r % NCH).to(tl.int64)
+    for w0 in range(0, W_out, BLOCK_W):
+        w = w0 + tl.arange(0, BLOCK_W)
+        m = rm[:, None] & (w < W_out)[None, :]
+        src = (t * s_q + c * W_in)[:, None] + w[None, :]
+        v = tl.load(q_ptr + src, mask=m & (w < W_in)[None, :], other=0)
+        tl.store(out_ptr + (t * s_out + c * W_out)[:, None] + w[None, :], v, mask=m)
+
+
+def pad_fused_q_heads(q, out):
+    """R §6.3: fused-layout Q heads zero-padded from H to H_pad (a pure bit copy)."""
+    T, H, D = q.shape
+    Hp = out.shape[1]
+    if T == 0:
+        return None
+    assert D % 16 == 0 and q.stride(2) == 1 and q.stride(1) == D
+    assert out.stride(2) == 1 and out.stride(1) == D
+    nch = D // 16
+    W_in, W_out = H * 16, Hp * 16
+    qi = q.view(torch.int16) if q.element_size() == 2 else q
+    oi = out.view(torch.int16) if out.element_size() == 2 else out
+    block_w = min(_pow2(W_out), 4096)
+    block_r = max(1, min(_pow2(T * nch), 8192 // block_w))
+    n_rows = T * nch
+    _pad_q_heads_kernel[(triton.cdiv(n_rows, block_r),)](
+        qi, q.stride(0), oi, out.stride(0), n_rows, W_in, W_out,
+        NCH=nch, BLOCK_R=block_r, BLOCK_W=block_w, num_warps=4,
+    )
+    return None
+
+
+# ============================================================================== AOT
+
+
+def _aot_signature(kernel, pointers: dict, constexprs: dict, floats=()) -> dict:
+    """Triton signature: the given pointer types, "constexpr" for constexprs, fp32 for
+    ``floats``, i32 else."""
+    return {
+        a: ("constexpr" if a in constexprs else "fp32" if a in floats else pointers.get(a, "i32"))
+        for a in kernel.arg_names
+    }
+
+
+_CUDA = ("sm90", "sm100")
+_ALL = ("sm90", "sm100", "gfx942", "gfx950")
+
+
+def _register_aot() -> None:
+    """Representative variants for ``backends/triton/aot.py``: production shapes, the
+    NVIDIA variants with hardware converts (``CVT_HW``) and the integer-encoder variants the
+    ROCm / XPU backends use (FNUZ always goes through the integer encoder)."""
+    from .aot import AotSpec, register
+
+    # §2 indexer Q: H 64, D 128, R 64.
+    p = {"pos_ptr": "*i64", "q_ptr": "*bf16", "cs_ptr": "*fp32", "w_ptr": "*bf16",
+         "out_ptr": "*u8", "sc_ptr": "*u8", "wo_ptr": "*fp32"}
+    base = {"D": 128, "NOPE": 64, "HALF": 32, "BLOCK_T": 1, "BLOCK_H": 64, "BLOCK_P": 64}
+    for tag, fp4, fnuz, hw, targets in (("fp8-ocp-hw", False, False, True, _CUDA + ("gfx950",)),
+                                        ("fp8-ocp", False, False, False, _ALL),
+                                        ("fp8-fnuz", False, True, False, _ALL),
+                                        ("mxfp4", True, False, False, _ALL),
+                                        ("mxfp4-hw", True, False, True, _CUDA)):
+        c = dict(base, USE_FP4=fp4, FNUZ=fnuz, CVT_HW=hw, WO_BF16=fp4)
+        pp = dict(p, wo_ptr="*i16") if fp4 else p
+        register(AotSpec(f"rope_kernels._indexer_q_kernel[{tag}]", _indexer_q_kernel,
+                         _aot_signature(_indexer_q_kernel, pp, c, ("softmax_scale", "head_scale")),
+                         c, num_warps=8, targets=targets, divisible=("q_ptr", "out_ptr")))
+
+    # §4 inverse RoPE: 8 heads per group, Dh 512 = 448 + 64.
+    p = {"o_ptr": "*bf16", "pos_ptr": "*i64", "cs_ptr": "*fp32", "out_ptr": "*u8", "sc_ptr": "*fp32"}
+    base = {"HG": 8, "DH": 512, "NOPE": 448, "HALF": 32, "BLOCK_T": 2, "BLOCK_H": 8, "BLOCK_P": 256}
+    for tag, qg, quant, packed, perm in (("qgs128-fp32", 128, True, False, False),
+                                         ("qgs128-ue8m0", 128, True, True, False),
+                                         ("qgs32-perm", 32, True, True, True),
+                                         ("noquant", 2, False, False, False)):
+        for hw, targets in ((True, _CUDA), (False, _ALL)):
+            c = dict(base, QG=qg, QUANT=quant, PACKED=packed, PERM=perm, CVT_HW=hw)
+            pp = dict(p, sc_ptr="*u8" if packed else "*fp32", out_ptr="*u8" if quant else "*i16")
+            register(AotSpec(f"rope_kernels._inv_rope_kernel[{tag}{'-hw' if hw else ''}]",
+                             _inv_rope_kernel, _aot_signature(_inv_rope_kernel, pp, c), c,
+                             num_warps=8, targets=targets, divisible=("o_ptr", "out_ptr")))
+
+    # §5 query quant: Qs 1536, Ks 512.
+    p = {"qr_ptr": "*bf16", "kv_ptr": "*bf16", "qw_ptr": "*bf16", "kvw_ptr": "*bf16",
+         "qo_ptr": "*u8", "qs_ptr": "*u8", "kvo_ptr": "*i16"}
+    for hw, targets in ((True, _CUDA), (False, _ALL)):
+        c = {"BLOCK_T": 4, "BLOCK_G": 64, "BLOCK_KV": 512, "Q_BF16": True, "KV_BF16": True,
+             "ACC_F64": True, "CVT_HW": hw}
+        register(AotSpec(f"rope_kernels._q_kv_rmsnorm_kernel[1536,512{'-hw' if hw else ''}]",
+                         _q_kv_rmsnorm_kernel,
+                         _aot_signature(_q_kv_rmsnorm_kernel, p, c, ("eps",)), c,
+                         num_warps=8, targets=targets, divisible=("qr_ptr", "qo_ptr")))
+
+    # §6.3 Q head padding: 32 chunks, H_pad 64.
+    c = {"NCH": 32, "BLOCK_R": 8, "BLOCK_W": 1024}
+    register(AotSpec("rope_kernels._pad_q_heads_kernel[32x1024]", _pad_q_heads_kernel,
+                     _aot_signature(_pad_q_heads_kernel, {"q_ptr": "*i16", "out_ptr": "*i16"}, c),
+                     c, num_warps=4, targets=_ALL, divisible=("q_ptr", "out_ptr")))
+
+
+_register_aot()
