@@ -9,7 +9,7 @@ Importing this package creates no GPU context: the platform is probed on the
 first op call.
 """
 
-from . import cache_utils, fused_compress_quant_cache, fused_layout, indexer_k_store, query_quant, q_layout
+from . import cache_utils, fused_compress_quant_cache, fused_layout, indexer_k_store, q_layout, query_quant, transcode
 from .cache_utils import (
     build_flashinfer_mixed_sparse_indices,
     combine_topk_swa_indices,
@@ -33,6 +33,7 @@ from .inv_rope import fused_inv_rope_fp8_quant
 from .q_layout import pad_fused_q_heads
 from .query_quant import fused_q_kv_rmsnorm_quant
 from .registry import BackendUnavailable
+from .transcode import transcode_k_cache
 
 __version__ = "0.1.0"
 
@@ -49,6 +50,7 @@ __all__ = [
     "rope_quant_insert",
     "fused_q_kv_rmsnorm_quant",
     "pad_fused_q_heads",
+    "transcode_k_cache",
     "q_fused_permutation",
     "o_fused_permutation",
     "cache_utils",
@@ -57,6 +59,7 @@ __all__ = [
     "indexer_k_store",
     "query_quant",
     "q_layout",
+    "transcode",
     "CacheLayout",
     "Fp8Flavour",
     "BackendUnavailable",

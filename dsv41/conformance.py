@@ -469,6 +469,9 @@ def _all_cases() -> list[Case]:
     A(Case("fused_q_kv_rmsnorm_quant", "t130-two-tiles", _qkv_norm(130, qs=1024, ks=448), (5, 6, 7)))
     A(Case("pad_fused_q_heads", "8to16", _pad_q(3, 8, 16), (1,)))
     A(Case("pad_fused_q_heads", "5to32", _pad_q(2, 5, 32), (1,)))
+    from .transcode import conformance_cases  # lazy: transcode imports this module
+
+    c.extend(conformance_cases())
     return c
 
 

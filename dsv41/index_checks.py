@@ -44,21 +44,22 @@ import os
 import torch
 
 __all__ = [
-    "validate_enabled",
-    "refresh",
     "ENV",
-    "check_quantize_and_insert_k_cache",
-    "check_dequantize_and_gather_k_cache",
-    "check_compute_global_topk_indices_and_lens",
-    "check_combine_topk_swa_indices",
     "check_build_flashinfer_mixed_sparse_indices",
-    "check_fused_save_compress_norm",
-    "check_rope_quant_insert",
-    "check_indexer_k_norm_rope_store",
+    "check_combine_topk_swa_indices",
+    "check_compute_global_topk_indices_and_lens",
+    "check_dequantize_and_gather_k_cache",
     "check_fused_indexer_q_rope_quant",
     "check_fused_inv_rope_fp8_quant",
     "check_fused_q_kv_rmsnorm_quant",
+    "check_fused_save_compress_norm",
+    "check_indexer_k_norm_rope_store",
+    "check_kernel_args",
     "check_pad_fused_q_heads",
+    "check_quantize_and_insert_k_cache",
+    "check_rope_quant_insert",
+    "refresh",
+    "validate_enabled",
 ]
 
 ENV = "DSV41_VALIDATE"
@@ -82,6 +83,18 @@ def validate_enabled() -> bool:
     return _enabled
 
 
+def _active() -> bool:
+    """Validation on, and the call is not being traced by ``torch.compile`` nor captured
+    into a CUDA graph (a device sync is impossible there: the checks are skipped)."""
+    if not validate_enabled():
+        return False
+    if torch.compiler.is_compiling():
+        return False
+    if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
+        return False
+    return True
+
+
 # --------------------------------------------------------------------------- machinery
 
 
@@ -90,7 +103,7 @@ class _Checks:
 
     def __init__(self, op: str):
         self.op = op
-        self.items = []  # (arg, bad mask, values (same shape) or None, expected, index offset)
+        self.items = []  # (arg, bad mask, values or None, expected, what, locate)
 
     def add(self, arg: str, bad: torch.Tensor, values: torch.Tensor | None, expected: str,
             what: str = "value", locate=None):
@@ -162,7 +175,7 @@ def _requests(ch: _Checks, arg: str, req: torch.Tensor, num_reqs: int, what_reqs
 
 def _table_reads(ch: _Checks, arg: str, table: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
                  read: torch.Tensor, num_blocks: int | None, block_size: int, why: str, reader: str,
-                 table_arg: str | None = None):
+                 table_arg: str | None = None, row_offset: int = 0):
     """Entries ``table[rows, cols]`` where ``read`` (a [tokens, columns] grid): the logical
     block (column) inside the table width; the entry a valid block id, ``[0, num_blocks)``,
     or, when the cache is not known (index builders), ``>= 0`` with ``id * block_size``
@@ -173,10 +186,10 @@ def _table_reads(ch: _Checks, arg: str, table: torch.Tensor, rows: torch.Tensor,
     table_arg = table_arg or arg
 
     def at_grid(w):
-        return f"[{w[0]}, {w[1]}] ({reader} {w[0]})"
+        return f"[{w[0]}, {w[1]}] ({reader} {w[0] + row_offset})"
 
     def at_table(w):
-        return f"[{rows[w[0], w[1]].item()}, {cols[w[0], w[1]].item()}] (read for {reader} {w[0]})"
+        return f"[{rows[w[0], w[1]].item()}, {cols[w[0], w[1]].item()}] (read for {reader} {w[0] + row_offset})"
 
     ch.add(arg, read & (cols >= width), cols,
            f"a logical block ({why}) < the width {width} of '{table_arg}'", what="logical block", locate=at_grid)
@@ -211,7 +224,7 @@ def _qsl(ch: _Checks, arg: str, qsl: torch.Tensor, first_min: int | None = 0):
 
 def check_quantize_and_insert_k_cache(k, k_cache, slot_mapping, block_size) -> None:
     """Slots < ``k_cache.shape[0] * block_size``; no two tokens share a slot."""
-    if not validate_enabled():
+    if not _active():
         return
     ch = _Checks("quantize_and_insert_k_cache")
     nb = k_cache.shape[0]
@@ -222,7 +235,7 @@ def check_quantize_and_insert_k_cache(k, k_cache, slot_mapping, block_size) -> N
 def check_dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_table, block_size, offset) -> None:
     """``0 <= n <= L``, ``offset + n <= out.shape[1]``, every block-table entry the gather
     reads (logical blocks ``(L-n)//B … (L-1)//B``) inside the table and in ``[0, num_blocks)``."""
-    if not validate_enabled():
+    if not _active():
         return
     ch = _Checks("dequantize_and_gather_k_cache")
     R = seq_lens.shape[0]
@@ -261,7 +274,7 @@ def check_dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, blo
 def check_compute_global_topk_indices_and_lens(topk_indices, token_to_req_indices, block_table, block_size, is_valid_token) -> None:
     """Rows with an index ``x >= 0`` read ``block_table[token_to_req[n], x // B]``: the request
     index in ``[0, block_table.shape[0])``, the logical block inside the table, the entry >= 0."""
-    if not validate_enabled():
+    if not _active():
         return
     ch = _Checks("compute_global_topk_indices_and_lens")
     n = topk_indices.shape[0]
@@ -282,7 +295,7 @@ def check_combine_topk_swa_indices(topk_indices, query_start_loc, seq_lens, gath
     """Per request b: ``query_start_loc`` non-decreasing, ``seq_lens[b] >=`` its query length
     (positions >= 0), ``0 <= gather_lens[b] <= seq_lens[b]``, the SWA tail inside the request's
     workspace rows (``N + gather_lens[b] <= M``) and ``M * num_reqs`` within int32."""
-    if not validate_enabled():
+    if not _active():
         return
     ch = _Checks("combine_topk_swa_indices")
     R = query_start_loc.shape[0] - 1
@@ -329,7 +342,7 @@ def check_build_flashinfer_mixed_sparse_indices(
     prefill rows inside their request's ``query_start_loc`` range with positions >= 0;
     decode lengths in ``[0, K_dec]``; every table entry read (local decode indices, the
     prefill SWA window, prefill top-k indices) inside the table width and >= 0."""
-    if not validate_enabled():
+    if not _active():
         return
     ch = _Checks("build_flashinfer_mixed_sparse_indices")
     if compressed_block_table is None:
@@ -366,7 +379,7 @@ def check_build_flashinfer_mixed_sparse_indices(
         rq = torch.where(req_ok, req, 0)
         qs, qe = q[rq], q[rq + 1]
         t = torch.arange(D, D + P, device=dev, dtype=_I64)
-        row = lambda w: f"[{D + w[0]}]"  # noqa: E731  (prefill row p is row D + p)
+        row = lambda w: f"[{D + w[0]}]"
         ch.add("token_to_req_indices", req_ok & ((t < qs) | (t >= qe)), req,
                "the request whose query_start_loc range holds the row", what="request index", locate=row)
         L = seq_lens.to(_I64)[rq]
@@ -391,7 +404,7 @@ def check_build_flashinfer_mixed_sparse_indices(
         j = torch.arange(width, device=dev, dtype=_I64).unsqueeze(0)
         read = has_swa.unsqueeze(1) & (j >= (swa_start // sbs).unsqueeze(1)) & (j <= last.unsqueeze(1))
         _table_reads(ch, "swa_block_table", swa_block_table, rq.unsqueeze(1), j, read, None,
-                     sbs, "SWA window positions // swa_block_size", "prefill row (from D)")
+                     sbs, "SWA window positions // swa_block_size", "row", row_offset=D)
         # Compressed columns j < min(K_pre, k_len) with x >= 0.
         k_pre = prefill_topk_indices.shape[1]
         if k_pre > 0 and compress_ratio > 0:
@@ -405,8 +418,8 @@ def check_build_flashinfer_mixed_sparse_indices(
                    f"a request index < compressed_block_table.shape[0] = {nr}", what="request index", locate=row)
             _table_reads(ch, "prefill_topk_indices", compressed_block_table, rq.unsqueeze(1),
                          torch.where(present, x, 0) // cbs, present & (req < nr).unsqueeze(1), None, cbs,
-                         "prefill_topk_indices[p, j] // compressed_block_size", "prefill row (from D)",
-                         table_arg="compressed_block_table")
+                         "prefill_topk_indices[p, j] // compressed_block_size", "row",
+                         table_arg="compressed_block_table", row_offset=D)
     ch.run()
 
 
@@ -418,7 +431,7 @@ def check_fused_save_compress_norm(positions, state_cache, slot_mapping, query_s
     ring slots ``< state_cache.shape[0] * capacity``, ``token_to_req_indices`` in
     ``[0, num_reqs)``, ``query_start_loc`` non-decreasing from >= 0 up to ``<= T``, every
     token with a slot inside its request's chunk, and its position >= 0."""
-    if not validate_enabled() or compress_ratio != 2:
+    if not _active() or compress_ratio != 2:
         return
     ch = _Checks("fused_save_compress_norm")
     T = slot_mapping.shape[0]
@@ -430,7 +443,8 @@ def check_fused_save_compress_norm(positions, state_cache, slot_mapping, query_s
     R = query_start_loc.shape[0] - 1
     _qsl(ch, "query_start_loc", query_start_loc)
     q = query_start_loc.to(_I64)
-    ch.add("query_start_loc", q[-1:] > T, q[-1:], f"query_start_loc[-1] <= the token count {T}", what="offset")
+    ch.add("query_start_loc", q[-1:] > T, q[-1:], f"query_start_loc[-1] <= the token count {T}", what="offset",
+           locate=lambda w: f"[{q.shape[0] - 1}]")
     req = token_to_req_indices[:T].to(_I64)
     _requests(ch, "token_to_req_indices", req, R, "query_start_loc.shape[0]-1")
     if R > 0 and T > 0:
@@ -447,7 +461,7 @@ def check_fused_save_compress_norm(positions, state_cache, slot_mapping, query_s
 def check_rope_quant_insert(positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio) -> None:
     """Slots of tokens with a slot >= 0 ``< kv_cache.shape[0] * kv_cache.shape[1]`` and their
     positions inside ``cos_sin_cache``; no two group-closing tokens share a slot."""
-    if not validate_enabled():
+    if not _active():
         return
     ch = _Checks("rope_quant_insert")
     T = slot_mapping.shape[0]
@@ -465,7 +479,7 @@ def check_rope_quant_insert(positions, cos_sin_cache, kv_cache, slot_mapping, co
 def check_indexer_k_norm_rope_store(positions, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio) -> None:
     """Slots of tokens with a slot >= 0 ``< k_cache.shape[0] * k_cache.shape[1]`` and their
     positions inside ``cos_sin_cache``; no two group-closing tokens share a slot."""
-    if not validate_enabled():
+    if not _active():
         return
     ch = _Checks("indexer_k_norm_rope_store")
     T = kv_slot_mapping.shape[0]
@@ -479,7 +493,7 @@ def check_indexer_k_norm_rope_store(positions, cos_sin_cache, k_cache, kv_slot_m
 
 def check_fused_indexer_q_rope_quant(positions, index_q, index_q_cos_sin_cache) -> None:
     """Every position (one per token) inside ``index_q_cos_sin_cache``."""
-    if not validate_enabled():
+    if not _active():
         return
     ch = _Checks("fused_indexer_q_rope_quant")
     _positions(ch, "positions", positions, index_q.shape[0], index_q_cos_sin_cache.shape[0], "index_q_cos_sin_cache")
@@ -488,7 +502,7 @@ def check_fused_indexer_q_rope_quant(positions, index_q, index_q_cos_sin_cache) 
 
 def check_fused_inv_rope_fp8_quant(o, positions, cos_sin_cache) -> None:
     """Every position (one per token) inside ``cos_sin_cache``."""
-    if not validate_enabled():
+    if not _active():
         return
     ch = _Checks("fused_inv_rope_fp8_quant")
     _positions(ch, "positions", positions, o.shape[0], cos_sin_cache.shape[0], "cos_sin_cache")
@@ -500,9 +514,44 @@ def check_fused_inv_rope_fp8_quant(o, positions, cos_sin_cache) -> None:
 
 def check_fused_q_kv_rmsnorm_quant(qr, kv) -> None:
     """No index arguments: nothing to check (kept so every op has its check)."""
-    return None
+    return
 
 
 def check_pad_fused_q_heads(q, padded_heads) -> None:
     """No index arguments: nothing to check (kept so every op has its check)."""
-    return None
+    return
+
+
+# --------------------------------------------------------------------------- kernel-contract arguments
+
+
+def check_kernel_args(op: str, args: list) -> None:
+    """Run ``check_<op>`` on the positional kernel arguments of ``op``
+    (docs/kernel_contract.md), e.g. a conformance case; honours ``DSV41_VALIDATE``."""
+    a = args
+    if op == "quantize_and_insert_k_cache":
+        check_quantize_and_insert_k_cache(a[0], a[1], a[2], a[3])
+    elif op == "dequantize_and_gather_k_cache":
+        check_dequantize_and_gather_k_cache(*a[:7])
+    elif op == "compute_global_topk_indices_and_lens":
+        check_compute_global_topk_indices_and_lens(*a[:5])
+    elif op == "combine_topk_swa_indices":
+        check_combine_topk_swa_indices(*a[:9])
+    elif op == "build_flashinfer_mixed_sparse_indices":
+        check_build_flashinfer_mixed_sparse_indices(*a[:16], replay_start=a[18])
+    elif op == "fused_save_compress_norm":
+        check_fused_save_compress_norm(a[1], a[2], a[3], a[4], a[5], a[8])
+    elif op == "rope_quant_insert":
+        check_rope_quant_insert(a[1], a[2], a[3], a[4], a[5])
+    elif op == "indexer_k_norm_rope_store":
+        check_indexer_k_norm_rope_store(a[1], a[2], a[5], a[6], a[7])
+    elif op == "fused_indexer_q_rope_quant":
+        check_fused_indexer_q_rope_quant(a[0], a[1], a[2])
+    elif op == "fused_inv_rope_fp8_quant":
+        check_fused_inv_rope_fp8_quant(a[0], a[1], a[2])
+    elif op == "fused_q_kv_rmsnorm_quant":
+        check_fused_q_kv_rmsnorm_quant(a[0], a[1])
+    elif op == "pad_fused_q_heads":
+        check_pad_fused_q_heads(a[0], a[1].shape[1])
+    else:
+        raise KeyError(f"unknown op {op!r}")

@@ -51,6 +51,7 @@ OPS = (
     "fused_inv_rope_fp8_quant",
     "fused_q_kv_rmsnorm_quant",
     "pad_fused_q_heads",
+    "transcode_k_cache",
 )
 
 

@@ -25,9 +25,10 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
     params = getattr(getattr(item, "callspec", None), "params", {})
-    if "impl" in params and ("case" in params or "golden" in params) and (rep.when == "call" or rep.skipped):
-        impl = params["impl"].name
-        op = params["case"].op if "case" in params else params["golden"].op
+    impl, subject = params.get("impl"), params.get("case") or params.get("golden")
+    if impl is not None and subject is not None and (rep.when == "call" or rep.skipped):
+        impl = impl.name
+        op = subject.op
         MATRIX[(op, impl)][rep.outcome] += 1
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsv41.conformance import CASES, clone_args, written_bytes
+from dsv41.conformance import CASES, _on, clone_args, written_bytes
 from dsv41.reference import ReferenceBackend
 from impls import implementations
 
@@ -35,9 +35,7 @@ def test_conformance(case, impl):
     args = case.build("cpu")
     want = clone_args(args)
     REF.load(case.op)(*want)
-    got = clone_args([a.to(impl.device) if isinstance(a, torch.Tensor) and impl.device != "cpu" else a for a in args])
-    if impl.device != "cpu":
-        got = [g if not isinstance(g, torch.Tensor) else g for g in got]
+    got = _on(impl.device, clone_args(args))  # same views (page padding, offsets) on the device
     impl.kernel(case.op)(*got)
     if impl.device not in ("cpu",):
         getattr(torch, impl.device).synchronize()

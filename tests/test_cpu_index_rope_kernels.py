@@ -503,6 +503,19 @@ def test_flashinfer_random(kw):
                   args, [19, 20], f"flashinfer {kw}")
 
 
+def test_flashinfer_short_query_start_loc():
+    """query_start_loc shorter than seq_lens + 1 (not validated by the public layer): the
+    per-request reads clamp into each array's own length, as the reference's do."""
+    g = torch.Generator().manual_seed(21)
+    args = _flashinfer_args(g, D=2, P=None, R=7, kdec=10, topk=20, local=True, lens_given=False,
+                            valid_given=True, bad_req=True)
+    for n_qsl in (8, 6, 3, 1):
+        a = list(args)
+        a[4] = args[4][:n_qsl].clone()
+        _run_both(ref_si.build_flashinfer_mixed_sparse_indices, ops.build_flashinfer_mixed_sparse_indices,
+                  a, [19, 20], f"flashinfer qsl[:{n_qsl}]")
+
+
 def test_flashinfer_empty():
     idx = torch.full((0, 12), -7, dtype=I32)
     lens = torch.full((0,), -7, dtype=I32)
@@ -661,7 +674,7 @@ INDEXER_KINDS = [
 def test_indexer_q_fp8(use_fnuz, kinds, cache_dtype):
     g = torch.Generator().manual_seed(int(use_fnuz) + 2 * len(kinds))
     for T, H, D, R, strided in [(0, 4, 128, 64, False), (7, 64, 128, 64, False), (33, 8, 128, 64, True),
-                                (5, 3, 96, 32, False)]:
+                                (5, 3, 96, 32, False), (4, 3, 99, 32, False)]:  # odd NoPE width
         pos, q, cache, w = _index_q_case(g, T, H, D, R, kinds, cache_dtype, BF16 if T % 2 else F32, strided)
         dt = torch.float8_e4m3fnuz if use_fnuz else torch.float8_e4m3fn
         q_out = torch.full((T, H, D), 0xA5, dtype=torch.uint8).view(dt)
@@ -683,12 +696,15 @@ def test_indexer_q_fp8_nonfinite():
                   [8, 10], "indexer fp8 nonfinite")
 
 
-@pytest.mark.parametrize("kinds", INDEXER_KINDS + [["nonfinite_nope"]])
+@pytest.mark.parametrize("kinds", INDEXER_KINDS + [["nonfinite_nope"], ["nonfinite", "normal"]])
 @pytest.mark.parametrize("cache_dtype", [F32, BF16])
 def test_indexer_q_mxfp4(kinds, cache_dtype):
+    # ["nonfinite", ...]: NaN also in RoPE dims.  Its e2m1 sign bit is the sign of the bf16
+    # round trip's NaN, which the kernel takes from torch's CPU cast (0xFFFF, sign set), so the
+    # bytes match the reference on the CPU; on the GPU this sign is implementation-defined.
     g = torch.Generator().manual_seed(7 + len(kinds))
     for T, H, D, R, strided in [(0, 4, 128, 64, False), (7, 64, 128, 64, False), (21, 8, 128, 64, True),
-                                (4, 5, 192, 32, False)]:
+                                (4, 5, 192, 32, False), (3, 2, 96, 48, False)]:  # a block straddles NoPE/RoPE
         if kinds == ["nonfinite_nope"]:
             # NaN/inf only in the NoPE blocks (the MXFP4 sign of a *computed* NaN is
             # implementation-defined, spec R §2.7, so RoPE dims stay finite here)
@@ -778,18 +794,48 @@ def test_inv_rope_strided_and_small_dims():
               [o, pos, cache, 2, 2, 24, 8, 16, True, True, True, out, sb], [11, 12], "inv rope small")
 
 
+# (position, rope pair i, even value e, odd value o): with the test cos/sin cache, the rotated
+# even lane fma(e, c, RN(o*s)) is an fp32 whose s = |y| * fl32(1/448) lies a few ulps above a
+# power of two, where the fp32-log2 ceiling (L) is one binade below the exact one (B) (R §1.5);
+# found by a search over random bf16 pairs.
+LOG_CEIL_EDGE = [
+    (113, 0, 1.3301360013429075e-11, 5.201172825763933e-12),
+    (47, 3, -220160.0, 26112.0),
+    (31, 17, 1.2689270079135895e-08, 4.627509042620659e-09),
+    (112, 1, -0.00035858154296875, -0.0002346038818359375),
+    (63, 11, 1.318767317570746e-10, -1.2732925824820995e-10),
+    (91, 13, 1.2934207916259766e-05, -1.2159347534179688e-05),
+]
+
+
 def test_inv_rope_log_ceil_edge():
-    """fp32-valued amax a few ulps above 448·2^k: the (L) log-ceil lands one binade low and the
-    clamp keeps the codes at 448 (R §1.5, §4.3)."""
+    """Chunks whose fp32 amax sits a few ulps above 448·2^k: the (L) ceiling lands one binade
+    low and the ±448 clamp keeps the codes in range (R §1.5, §4.3)."""
+    from dsv41.codecs import bit_ceil_log2, ceil_log2, inv_const
+
     g = torch.Generator().manual_seed(1)
-    T, G, HG, Dh, R = 8, 1, 4, 512, 64
-    o, pos, cache = _inv_rope_case(g, T, G, HG, Dh, R, ["normal"])
-    # rope dims with large |x| so the rotated fp32 values sweep many binades
-    o[..., 448:] = (torch.randn(T, G * HG, R, generator=g) * 448 * 2.0 ** torch.randint(-20, 20, (T, G * HG, 1), generator=g)).to(BF16)
-    for QG in (64, 32):
-        out, sb = _inv_rope_bufs(T, G, HG, Dh, QG, False, True)
+    n = len(LOG_CEIL_EDGE)
+    o, _, cache = _inv_rope_case(g, n, 1, 1, 512, 64, ["zero"])
+    pos = torch.tensor([c[0] for c in LOG_CEIL_EDGE])
+    for r, (_, i, e, od) in enumerate(LOG_CEIL_EDGE):
+        o[r, 0, 448 + 2 * i] = e
+        o[r, 0, 448 + 2 * i + 1] = od
+    assert torch.equal(o.float(), o.to(BF16).float())
+    # the edge is really hit: the amax of the RoPE chunk (dims 448..511) has (L) != (B)
+    from dsv41.codecs import fma32
+
+    x = o.float()
+    d = torch.arange(448, 512)
+    row = cache[pos]
+    cs, sn = row[:, (d - 448) >> 1], row[:, 32 + ((d - 448) >> 1)]
+    ps = x[:, 0, d ^ 1] * sn
+    y = fma32(x[:, 0, d], cs, torch.where((d & 1) == 0, ps, -ps))
+    sc = y.abs().amax(-1) * inv_const(448.0)
+    assert (ceil_log2(sc) != bit_ceil_log2(sc)).sum() >= 3
+    for QG, tma in ((64, False), (32, True), (128, False), (512, True)):
+        out, sb = _inv_rope_bufs(n, 1, 1, 512, QG, tma, True)
         _run_both(ref_oq.fused_inv_rope_fp8_quant, ops.fused_inv_rope_fp8_quant,
-                  [o, pos, cache, G, HG, Dh - R, R, QG, False, True, False, out, sb], [11, 12], "inv rope edge")
+                  [o, pos, cache, 1, 1, 448, 64, QG, tma, True, False, out, sb], [11, 12], f"inv rope edge {QG}")
 
 
 # ------------------------------------------------------------- R §5 Q/KV RMSNorm quant
@@ -865,8 +911,40 @@ def test_unsupported_layouts_fall_back_to_reference():
               [topk, t2r, table, 64, valid, torch.full((9, 12), -7, dtype=I32), torch.full((9,), -7, dtype=I32)],
               [5, 6], "fallback global")
     assert ops.FALLBACKS["compute_global_topk_indices_and_lens"] == n0 + 1
+    # more seq_lens than requests in query_start_loc: the reference raises, and so does the op
+    with pytest.raises(IndexError):
+        ops.combine_topk_swa_indices(torch.zeros(4, 4, dtype=I32), torch.tensor([0, 2, 4], dtype=I32),
+                                     torch.tensor([5, 6, 7], dtype=I32), torch.tensor([1, 1, 1], dtype=I32),
+                                     8, 4, 4, 100, 50, torch.empty(4, 128, dtype=I32), torch.empty(4, dtype=I32))
     o, pos, cache = _inv_rope_case(g, 3, 1, 2, 512, 64, ["normal"])
     out = torch.full((1, 3, 1024), 1.0, dtype=torch.float16)
     _run_both(ref_oq.fused_inv_rope_fp8_quant, ops.fused_inv_rope_fp8_quant,
               [o.half(), pos, cache, 1, 2, 448, 64, 128, False, False, False, out, torch.empty(1, 0)], [11],
               "fallback inv rope fp16")
+
+
+# ----------------------------------------------------------- sizes that take the OpenMP path
+
+
+def test_parallel_sizes():
+    """Inputs big enough for every kernel's multithreaded path (the cases above are mostly
+    below the single-thread thresholds)."""
+    g = torch.Generator().manual_seed(77)
+    args = _flashinfer_args(g, D=40, P=None, R=120, kdec=64, topk=64, local=True, lens_given=False, valid_given=True)
+    _run_both(ref_si.build_flashinfer_mixed_sparse_indices, ops.build_flashinfer_mixed_sparse_indices,
+              args, [19, 20], "flashinfer parallel")
+    topk_idx, qsl, seq, gath = _combine_case(g, None, 60, 128, 4, 100, 4096, 2048, 100)
+    T = topk_idx.shape[0]
+    _run_both(ref_si.combine_topk_swa_indices, ops.combine_topk_swa_indices,
+              [topk_idx, qsl, seq, gath, 128, 4, 100, 4096, 2048, torch.full((T, 256), -7, dtype=I32),
+               torch.full((T,), -7, dtype=I32)], [9, 10], "combine parallel")
+    kv, pos, state, slot, qsl, t2r = _cr2_case(g, ["normal", "large", "nonfinite"], 90, 4, 100)
+    w = torch.randn(512, generator=g).to(BF16)
+    _run_both(ref_compress.fused_save_compress_norm, ops.fused_save_compress_norm,
+              [kv, pos, state, slot, qsl, t2r, w, 1e-6, 2, torch.full((kv.shape[0], 512), float("nan"), dtype=BF16)],
+              [2, 9], "cr2 parallel")
+    o, pos, cache = _inv_rope_case(g, 40, 2, 4, 512, 64, ["normal", "ties", "nonfinite"])
+    for QG, tma, quant, perm in INV_MODES[:5]:
+        out, sb = _inv_rope_bufs(40, 2, 4, 512, QG, tma, quant)
+        _run_both(ref_oq.fused_inv_rope_fp8_quant, ops.fused_inv_rope_fp8_quant,
+                  [o, pos, cache, 2, 4, 448, 64, QG, tma, quant, perm, out, sb], [11, 12], "inv rope parallel")

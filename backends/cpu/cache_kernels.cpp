@@ -5,12 +5,15 @@
 //   dsv41_rope_quant_insert      rope_quant_insert             (584 / 528 / 288 / bf16 rows / fp8 rows)
 //   dsv41_indexer_k_store        indexer_k_norm_rope_store     (FP8 / MXFP4, row-major / tiled)
 //   dsv41_codec_*                element-wise entry points of common.h, for the tests
+//   dsv41_cache_kernels_simd     1 when the AVX-512 token paths were compiled in, else 0
 //
 // Conventions: raw pointers (already offset by the tensor's storage offset), strides in
 // elements of the pointed-to type (page strides of uint8 caches in bytes), int64 sizes.
-// Every kernel parallelizes over tokens with OpenMP (schedule(static)); the per-token work
-// runs over dims in plain loops the compiler vectorizes.  Negative slots are skipped.
-// Nothing outside a token's record bytes is touched (page padding stays as it was).
+// Every kernel parallelizes over tokens with OpenMP (schedule(static)).  The per-token work
+// is written twice with identical results: `port` (plain loops, auto-vectorized, any CPU)
+// and `simd` (AVX-512 intrinsics, 16 fp32 lanes); `tok` names the one compiled in.
+// Negative slots are skipped.  Nothing outside a token's record bytes is touched (page
+// padding stays as it was).
 
 #include <omp.h>
 
@@ -22,8 +25,8 @@
 
 #include "common.h"
 
-// Full-width AVX-512 vectors for the per-dim loops (gcc's default tuning on AVX-512 parts
-// is 256-bit).  A tuning option only: results are identical.
+// Full-width AVX-512 vectors for the auto-vectorized loops (gcc's default tuning on AVX-512
+// parts is 256-bit).  A tuning option only: results are identical.
 #if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
 #pragma GCC target("prefer-vector-width=512")
 #endif
@@ -32,39 +35,49 @@ using namespace dsv41cpu;
 
 namespace {
 
-constexpr int HEAD = 512;
+constexpr int HEAD = 512;   // latent / K width
+constexpr int NOPE = 448;   // dims [0, 448) NoPE, [448, 512) the 32 RoPE pairs
+constexpr int IDX_D = 128;  // indexer key width
 
-// ---------------------------------------------------------------------------------------
-// UE8M0-scaled FP8 group quantizer (spec cache_ops §2.1, §2.4, §2.5, finding 3)
-// ---------------------------------------------------------------------------------------
-// x: NG*G fp32 values; q: NG*G e4m3 bytes; codes: NG bytes.
-// amax ignores NaN (it is taken on the bit patterns of |x|, NaN bit patterns are dropped;
-// for non-negative non-NaN floats the integer order is the numeric order).
+// =======================================================================================
+// port: per-token building blocks in plain C++ (the reference semantics, any CPU)
+// =======================================================================================
+namespace port {
+
+static inline void bf16_to_f32(const uint16_t* __restrict src, float* __restrict dst, int n) {
+    for (int i = 0; i < n; ++i) dst[i] = dsv41cpu::bf16_to_f32(src[i]);
+}
+
+static inline void store_bf16_canon(const float* __restrict x, uint16_t* __restrict dst, int n) {
+    for (int i = 0; i < n; ++i) dst[i] = f32_to_bf16_rne_canon(x[i]);
+}
+
+// UE8M0-scaled FP8 groups (spec cache_ops §2.1, §2.4, §2.5 a, finding 3).
+// x: NG*G fp32; q: NG*G e4m3 bytes; codes: NG bytes.  NaN is ignored in the amax and every
+// NaN reaching the clamp (inputs, inf*0) is stored as +FP8_MAX.
 template <int G, int NG, bool FNUZ>
 static inline void quant_ue8m0(const float* __restrict x, uint8_t* __restrict q,
-                               uint8_t* __restrict codes, bool sanitize,
-                               const uint32_t* thr) {
+                               uint8_t* __restrict codes, bool sanitize, const uint32_t* thr) {
     const float M = FNUZ ? 224.0f : 448.0f;
     const float C = FNUZ ? INV_224 : INV_448;
     for (int g = 0; g < NG; ++g) {
         const float* xg = x + g * G;
         float amax = absmax_ignore_nan(xg, G);
         amax = amax > F32_1E_4 ? amax : F32_1E_4;
-        float e = ceil_log2(amax * C, thr);
-        float s = exp2i(-e);
+        const float e = ceil_log2(amax * C, thr);
+        const float s = exp2i(-e);
         uint8_t* qg = q + g * G;
         for (int i = 0; i < G; ++i) qg[i] = e4m3_encode<FNUZ>(clamp_nan_pos(xg[i] * s, M));
         float c = e + 127.0f;
         c = c < 0.0f ? 0.0f : c;
-        float hi = sanitize ? 254.0f : 255.0f;
+        const float hi = sanitize ? 254.0f : 255.0f;
         c = c > hi ? hi : c;
         codes[g] = (uint8_t)(int)c;
     }
 }
 
 // NVFP4 groups of 16 (spec cache_ops §2.3).  NaN is ignored in the amax and a NaN element
-// encodes as +6 (code 0x7: cvt.rn.satfinite to a format without NaN), as the reference of
-// rope_quant_insert (dsv41/reference/compress.py) does.
+// encodes as +6 (code 0x7), as the reference of rope_quant_insert does.
 template <int NG>
 static inline void quant_nvfp4(const float* __restrict x, uint8_t* __restrict packed,
                                uint8_t* __restrict scales) {
@@ -73,8 +86,8 @@ static inline void quant_nvfp4(const float* __restrict x, uint8_t* __restrict pa
         float sf = absmax_ignore_nan(xg, 16) * INV_6;
         sf = sf < 0x1p-9f ? 0x1p-9f : sf;
         sf = sf > 448.0f ? 448.0f : sf;
-        uint8_t sb = e4m3fn_encode(sf);
-        float S = e4m3fn_decode(sb);
+        const uint8_t sb = e4m3fn_encode(sf);
+        const float S = e4m3fn_decode(sb);
         scales[g] = sb;
         uint8_t codes[16];
         for (int i = 0; i < 16; ++i) {
@@ -88,53 +101,7 @@ static inline void quant_nvfp4(const float* __restrict x, uint8_t* __restrict pa
     }
 }
 
-static inline void bf16_row_to_f32(const uint16_t* __restrict src, float* __restrict dst, int n) {
-    for (int i = 0; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
-}
-
-// ---------------------------------------------------------------------------------------
-// quantize_and_insert_k_cache
-// ---------------------------------------------------------------------------------------
-template <bool FNUZ>
-static void quantize_insert_584(const uint16_t* k, int64_t ks0, uint8_t* cache, int64_t ps,
-                                const int64_t* slots, int64_t T, int64_t B) {
-    const uint32_t* thr = ceil_log2_table().thr;
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; ++t) {
-        int64_t slot = slots[t];
-        if (slot < 0) continue;
-        int64_t blk = slot / B, o = slot % B;
-        uint8_t* page = cache + blk * ps;
-        const uint16_t* row = k + t * ks0;
-        alignas(64) float x[448];
-        bf16_row_to_f32(row, x, 448);
-        uint8_t* val = page + o * 576;
-        uint8_t* sc = page + B * 576 + o * 8;
-        quant_ue8m0<64, 7, FNUZ>(x, val, sc, false, thr);
-        sc[7] = 0;
-        std::memcpy(val + 448, row + 448, 128);
-    }
-}
-
-template <bool FNUZ>
-static void quantize_insert_528(const uint16_t* k, int64_t ks0, uint8_t* cache, int64_t ps,
-                                const int64_t* slots, int64_t T, int64_t B) {
-    const uint32_t* thr = ceil_log2_table().thr;
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; ++t) {
-        int64_t slot = slots[t];
-        if (slot < 0) continue;
-        int64_t blk = slot / B, o = slot % B;
-        uint8_t* page = cache + blk * ps;
-        alignas(64) float x[HEAD];
-        bf16_row_to_f32(k + t * ks0, x, HEAD);
-        quant_ue8m0<32, 16, FNUZ>(x, page + o * 512, page + B * 512 + o * 16, false, thr);
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// Record decoders (spec cache_ops §2.2, §2.3, finding 1) -> bf16 bits
-// ---------------------------------------------------------------------------------------
+// UE8M0 FP8 record decode (spec cache_ops §2.2): bf16(e4m3 * 2^(code-127)), NaN -> 0x7FFF.
 template <int G, int NG, bool FNUZ>
 static inline void decode_ue8m0(const uint8_t* __restrict v, const uint8_t* __restrict codes,
                                 uint16_t* __restrict out) {
@@ -146,73 +113,31 @@ static inline void decode_ue8m0(const uint8_t* __restrict v, const uint8_t* __re
     }
 }
 
+// NVFP4 record decode (spec cache_ops §2.3, finding 1: code 0x8 is +0, the zero takes the
+// sign of the scale).  Always OCP scales.
 static inline void decode_nvfp4(const uint8_t* __restrict v, const uint8_t* __restrict scales,
-                                uint16_t* __restrict out, const float* __restrict lut) {
+                                uint16_t* __restrict out) {
+    const float* lut = e2m1_tables().plus_zero;
     for (int g = 0; g < 32; ++g) {
         const float S = e4m3fn_decode(scales[g]);
         const uint8_t* vg = v + g * 8;
         uint16_t* og = out + g * 16;
         for (int i = 0; i < 8; ++i) {
-            uint8_t b = vg[i];
+            const uint8_t b = vg[i];
             og[2 * i] = f32_to_bf16_rne_canon(lut[b & 15] * S);
             og[2 * i + 1] = f32_to_bf16_rne_canon(lut[b >> 4] * S);
         }
     }
 }
 
-template <int W, bool FNUZ>
-static void gather_impl(uint16_t* out, int64_t os0, int64_t os1, const uint8_t* cache, int64_t ps,
-                        const int32_t* seq_lens, const int32_t* gather_lens, int64_t R,
-                        const int32_t* bt, int64_t bts0, int64_t bts1, int64_t B,
-                        int64_t offset) {
-    std::vector<int64_t> first(R + 1);
-    first[0] = 0;
-    for (int64_t r = 0; r < R; ++r) {
-        int64_t n = gather_lens ? gather_lens[r] : seq_lens[r];
-        first[r + 1] = first[r] + (n > 0 ? n : 0);
-    }
-    const int64_t total = first[R];
-    if (total == 0) return;
-    const float* lut = e2m1_tables().plus_zero;
-#pragma omp parallel
-    {
-        const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
-        const int64_t lo = total * tid / nt, hi = total * (tid + 1) / nt;
-        if (lo < hi) {
-            int64_t r = std::upper_bound(first.begin(), first.end(), lo) - first.begin() - 1;
-            for (int64_t idx = lo; idx < hi; ++idx) {
-                while (idx >= first[r + 1]) ++r;
-                const int64_t i = idx - first[r];
-                const int64_t L = seq_lens[r];
-                const int64_t n = first[r + 1] - first[r];
-                const int64_t p = L - n + i;
-                const int64_t blk = bt[r * bts0 + (p / B) * bts1];
-                const int64_t o = p % B;
-                const uint8_t* page = cache + blk * ps;
-                uint16_t* dst = out + r * os0 + (offset + i) * os1;
-                if (W == 584) {
-                    decode_ue8m0<64, 7, FNUZ>(page + o * 576, page + B * 576 + o * 8, dst);
-                    std::memcpy(dst + 448, page + o * 576 + 448, 128);
-                } else if (W == 528) {
-                    decode_ue8m0<32, 16, FNUZ>(page + o * 512, page + B * 512 + o * 16, dst);
-                } else {
-                    decode_nvfp4(page + o * 256, page + B * 256 + o * 32, dst, lut);
-                }
-            }
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// cos/sin rows (rope_quant_ops §1.1): fp32 or bf16 cache, cols [0, P) cos, [P, 2P) sin.
-// ---------------------------------------------------------------------------------------
+// cos/sin row (rope_quant_ops §1.1): fp32 or bf16, cols [0, P) cos, [P, 2P) sin.
 static inline void load_cos_sin(const void* cs, int32_t cs_bf16, int64_t s0, int64_t s1,
                                 int64_t row, int P, float* __restrict c, float* __restrict s) {
     if (cs_bf16) {
         const uint16_t* r = (const uint16_t*)cs + row * s0;
         for (int i = 0; i < P; ++i) {
-            c[i] = bf16_to_f32(r[i * s1]);
-            s[i] = bf16_to_f32(r[(P + i) * s1]);
+            c[i] = dsv41cpu::bf16_to_f32(r[i * s1]);
+            s[i] = dsv41cpu::bf16_to_f32(r[(P + i) * s1]);
         }
     } else {
         const float* r = (const float*)cs + row * s0;
@@ -223,8 +148,8 @@ static inline void load_cos_sin(const void* cs, int32_t cs_bf16, int64_t s0, int
     }
 }
 
-// GPT-J RoPE with the canonical contraction (rope_quant_ops §1.2):
-// e' = fma(e, c, -fl32(o*s)), o' = fma(o, c, fl32(e*s)), over P pairs starting at x[0].
+// GPT-J RoPE, canonical contraction (rope_quant_ops §1.2), P pairs from x[0]:
+// e' = fma(e, c, -fl32(o*s)), o' = fma(o, c, fl32(e*s)).
 static inline void rope_pairs(const float* __restrict x, float* __restrict y,
                               const float* __restrict c, const float* __restrict s, int P) {
     for (int i = 0; i < P; ++i) {
@@ -234,9 +159,9 @@ static inline void rope_pairs(const float* __restrict x, float* __restrict y,
     }
 }
 
-// The NoPE "identity" rotation with (cos, sin) = (1, 0) (finding 2):
-// e' = fma(e, 1, -(o*0)) = e + -(o*0), o' = fma(o, 1, e*0) = o + e*0 (fma(a,1,b) == a+b
-// exactly).  Flips some zero signs and turns a lane with a ±inf/NaN partner into NaN.
+// The NoPE "identity" rotation by (cos, sin) = (1, 0) (finding 2): e' = fma(e, 1, -(o*0))
+// = e + -(o*0), o' = fma(o, 1, e*0) = o + e*0 (fma(a, 1, b) == a + b exactly).  Flips some
+// zero signs and turns a lane with a ±inf/NaN partner into NaN.
 static inline void nope_pairs(const float* __restrict x, float* __restrict y, int P) {
     for (int i = 0; i < P; ++i) {
         const float e = x[2 * i], o = x[2 * i + 1];
@@ -245,6 +170,578 @@ static inline void nope_pairs(const float* __restrict x, float* __restrict y, in
     }
 }
 
+// rot[lo, 448) = NoPE rotation of x (lo = 0 or 448: the 584 record needs no NoPE rotation),
+// rot[448, 512) = RoPE with the group's cos/sin row; sanitize: NaN -> 0 (spec §2.5 b).
+static inline void rotate_latent(const float* __restrict x, float* __restrict rot,
+                                 const void* cs, int32_t cs_bf16, int64_t cs_s0, int64_t cs_s1,
+                                 int64_t row, bool with_nope, bool sanitize) {
+    alignas(64) float c[32], s[32];
+    load_cos_sin(cs, cs_bf16, cs_s0, cs_s1, row, 32, c, s);
+    if (with_nope) nope_pairs(x, rot, NOPE / 2);
+    rope_pairs(x + NOPE, rot + NOPE, c, s, 32);
+    if (sanitize) {
+        const int lo = with_nope ? 0 : NOPE;
+        for (int d = lo; d < HEAD; ++d) rot[d] = rot[d] != rot[d] ? 0.0f : rot[d];
+    }
+}
+
+// Plain e4m3fn rows: e4m3(clamp448(fp32(bf16(x')) * inv)), a NaN -> +448 (spec §8.2, F3).
+static inline void store_fp8_row(const float* __restrict rot, uint8_t* __restrict dst, float inv) {
+    for (int d = 0; d < HEAD; ++d) {
+        const float y = dsv41cpu::bf16_to_f32(f32_to_bf16_rne_canon(rot[d])) * inv;
+        dst[d] = e4m3fn_encode(clamp_nan_pos(y, 448.0f));
+    }
+}
+
+// Indexer key (rope_quant_ops §3.3) -> q (FP8: 128 e4m3 bytes; MXFP4: 64 packed bytes) and
+// 4 scale bytes (FP8: the fp32 2^E, little-endian; MXFP4: 4 ue8m0 codes).
+template <bool FP4>
+static inline void indexer_token(const uint16_t* __restrict krow, const void* cs, int32_t cs_bf16,
+                                 int64_t cs_s0, int64_t cs_s1, int64_t row, int rope_dim,
+                                 const float* __restrict w, float eps, const uint32_t* thr,
+                                 uint8_t* __restrict q, uint8_t* __restrict sb) {
+    alignas(64) float k[IDX_D], kn[IDX_D], kr[IDX_D];
+    alignas(64) float c[IDX_D / 2], s[IDX_D / 2];
+    bf16_to_f32(krow, k, IDX_D);
+    // RMSNorm, as the reference: k_d^2 exact in float64, summed in float64, rounded once;
+    // /128 exact; rsqrt = fl32 of the float64 1/sqrt.  The float64 sum is exact (so the
+    // order does not matter) unless the squares span more than ~2^37; the order used here
+    // (and by the simd twin): chunk c of 8 dims goes to accumulator c % 4, lane l; then
+    // A = (acc0 + acc1) + (acc2 + acc3) per lane, ss = ((A0+A4)+(A2+A6)) + ((A1+A5)+(A3+A7)).
+    double acc[4][8] = {};
+    for (int c = 0; c < IDX_D / 8; ++c)
+        for (int l = 0; l < 8; ++l) acc[c & 3][l] += (double)k[8 * c + l] * (double)k[8 * c + l];
+    double A[8];
+    for (int l = 0; l < 8; ++l) A[l] = (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l]);
+    const double ss = ((A[0] + A[4]) + (A[2] + A[6])) + ((A[1] + A[5]) + (A[3] + A[7]));
+    const float v = (float)ss / 128.0f + eps;
+    const float r = (float)(1.0 / std::sqrt((double)v));
+    for (int d = 0; d < IDX_D; ++d) kn[d] = rnbf16_torch((k[d] * r) * w[d]);
+    // RoPE at the group's first position; NoPE pairs rotate by (1, 0) (finding 2); bf16.
+    const int nope = IDX_D - rope_dim, P = rope_dim / 2;
+    load_cos_sin(cs, cs_bf16, cs_s0, cs_s1, row, P, c, s);
+    nope_pairs(kn, kr, nope / 2);
+    rope_pairs(kn + nope, kr + nope, c, s, P);
+    for (int d = 0; d < IDX_D; ++d) kr[d] = rnbf16_torch(kr[d]);
+    if (!FP4) {
+        float amax = absmax_ignore_nan(kr, IDX_D);
+        amax = amax > F32_1E_4 ? amax : F32_1E_4;
+        const float e = ceil_log2(amax * INV_448, thr);
+        const float sc = exp2i(-e);
+        for (int i = 0; i < IDX_D; ++i) q[i] = e4m3fn_encode(clamp_sym(kr[i] * sc, 448.0f));
+        const float scale = exp2i(e);
+        std::memcpy(sb, &scale, 4);
+    } else {
+        for (int b = 0; b < 4; ++b) {
+            const float* xb = kr + b * 32;
+            float amax = absmax_ignore_nan(xb, 32);
+            const float floor_ = 0x1.8p-124f;  // 6 * 2^-126
+            amax = amax > floor_ ? amax : floor_;
+            float e = ceil_log2(amax * INV_6, thr);
+            e = e < -127.0f ? -127.0f : (e > 127.0f ? 127.0f : e);
+            const float sc = exp2i(-e);
+            uint8_t codes[32];
+            for (int i = 0; i < 32; ++i) codes[i] = e2m1_encode(xb[i] * sc);
+            for (int i = 0; i < 16; ++i)
+                q[b * 16 + i] = (uint8_t)(codes[2 * i] | (codes[2 * i + 1] << 4));
+            sb[b] = (uint8_t)(int)(e + 127.0f);
+        }
+    }
+}
+
+template <bool FP4, int NT>
+static inline void indexer_tokens(const uint16_t* const* krow, const int64_t* row, const void* cs,
+                                  int32_t cs_bf16, int64_t cs_s0, int64_t cs_s1, int rope_dim,
+                                  const float* __restrict w, float eps, const uint32_t* thr,
+                                  uint8_t* const* q, uint8_t (*sb)[4]) {
+    for (int u = 0; u < NT; ++u)
+        indexer_token<FP4>(krow[u], cs, cs_bf16, cs_s0, cs_s1, row[u], rope_dim, w, eps, thr, q[u], sb[u]);
+}
+
+}  // namespace port
+
+// =======================================================================================
+// simd: the same building blocks with AVX-512 intrinsics (bit-identical to port)
+// =======================================================================================
+#if DSV41_CPU_AVX512
+namespace simd {
+
+using port::load_cos_sin;
+
+static inline __m512i idx16(int a0, int a1, int a2, int a3, int a4, int a5, int a6, int a7,
+                            int a8, int a9, int a10, int a11, int a12, int a13, int a14, int a15) {
+    return _mm512_set_epi32(a15, a14, a13, a12, a11, a10, a9, a8, a7, a6, a5, a4, a3, a2, a1, a0);
+}
+// sign bit on the even lanes (the "-(o*s)" of the even RoPE lane)
+static inline __m512 even_sign() {
+    const int m = (int)0x80000000u;
+    return _mm512_castsi512_ps(idx16(m, 0, m, 0, m, 0, m, 0, m, 0, m, 0, m, 0, m, 0));
+}
+// lanes [2i, 2i+1] <- pair i (of 8 pairs starting at `first`) of a 16-value vector
+static inline __m512 dup_pairs(__m512 v, int first) {
+    const __m512i lo = idx16(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    return _mm512_permutexvar_ps(_mm512_add_epi32(lo, _mm512_set1_epi32(first)), v);
+}
+
+static inline __m512 nope16(__m512 v, __m512 es) {
+    const __m512 p = _mm512_xor_ps(_mm512_mul_ps(_mm512_permute_ps(v, 0xB1), _mm512_setzero_ps()), es);
+    return _mm512_add_ps(v, p);
+}
+static inline __m512 rope16(__m512 v, __m512 c, __m512 s, __m512 es) {
+    const __m512 p = _mm512_xor_ps(_mm512_mul_ps(_mm512_permute_ps(v, 0xB1), s), es);
+    return _mm512_fmadd_ps(v, c, p);
+}
+static inline __m512 zero_nan(__m512 v) {
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v);
+}
+// 16 e2m1 codes (one per dword) -> 8 bytes, even element in the low nibble
+static inline void store_nibbles(__m512i c, uint8_t* dst) {
+    const __m512i q = _mm512_or_si512(c, _mm512_srli_epi64(c, 28));
+    _mm_storel_epi64((__m128i*)dst, _mm512_cvtepi64_epi8(q));
+}
+// 16 consecutive cos/sin-cache values starting at column col (unit column stride)
+static inline __m512 load_cs16(const void* rowp, int32_t cs_bf16, int col) {
+    return cs_bf16 ? v16_bf16_load((const uint16_t*)rowp + col)
+                   : _mm512_loadu_ps((const float*)rowp + col);
+}
+
+static inline void bf16_to_f32(const uint16_t* __restrict src, float* __restrict dst, int n) {
+    for (int i = 0; i < n; i += 16) _mm512_storeu_ps(dst + i, v16_bf16_load(src + i));
+}
+
+static inline void store_bf16_canon(const float* __restrict x, uint16_t* __restrict dst, int n) {
+    for (int i = 0; i < n; i += 16)
+        _mm256_storeu_si256((__m256i*)(dst + i), v16_bf16_canon(_mm512_loadu_ps(x + i)));
+}
+
+template <int G, int NG, bool FNUZ>
+static inline void quant_ue8m0(const float* __restrict x, uint8_t* __restrict q,
+                               uint8_t* __restrict codes, bool sanitize, const uint32_t* thr) {
+    static_assert(G % 16 == 0 && NG <= 16, "group layout");
+    __m512i m[16];
+    for (int g = 0; g < 16; ++g) {
+        if (g >= NG) {
+            m[g] = _mm512_setzero_si512();
+            continue;
+        }
+        m[g] = v16_abs_bits_nonan(_mm512_loadu_ps(x + g * G));
+        for (int k = 1; k < G / 16; ++k)
+            m[g] = _mm512_max_epu32(m[g], v16_abs_bits_nonan(_mm512_loadu_ps(x + g * G + 16 * k)));
+    }
+    // A' = max(A, 1e-4); r = A' * fl32(1/M); e = ceil(fl32(log2 r)); s = 2^-e (0 for e >= 127
+    // or A = inf); code = clamp(e + 127, 0, 255 | 254).
+    const __m512i a = _mm512_max_epu32(v16_hmax16x16_epu32(m), v16_u32(bits(F32_1E_4)));
+    const __m512 r = _mm512_mul_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(FNUZ ? INV_224 : INV_448));
+    const __m512i e = v16_ceil_log2_pos(r, thr);
+    const __mmask16 inf = _mm512_cmpeq_epi32_mask(_mm512_srli_epi32(_mm512_castps_si512(r), 23), v16_u32(255));
+    const __mmask16 live = _mm512_cmplt_epi32_mask(e, v16_u32(127)) & (__mmask16)~inf;
+    const __m512i sbits = _mm512_maskz_mov_epi32(live, _mm512_slli_epi32(_mm512_sub_epi32(v16_u32(127), e), 23));
+    __m512i code = _mm512_max_epi32(_mm512_add_epi32(e, v16_u32(127)), _mm512_setzero_si512());
+    code = _mm512_mask_mov_epi32(_mm512_min_epi32(code, v16_u32(255)), inf, v16_u32(255));
+    if (sanitize) code = _mm512_min_epi32(code, v16_u32(254));
+    alignas(64) float sv[16];
+    _mm512_storeu_si512(sv, sbits);
+    _mm_mask_storeu_epi8(codes, (__mmask16)((1u << NG) - 1u), _mm512_cvtepi32_epi8(code));
+    const uint32_t msat = FNUZ ? 0x43600000u : 0x43E00000u;  // 224 / 448
+    static_assert(NG * G % 64 == 0, "64-byte chunks");
+    for (int c = 0; c < NG * G / 64; ++c) {
+        __m512i d[4];
+        for (int j = 0; j < 4; ++j) {
+            const int z = 4 * c + j;  // 16-value vector z belongs to group 16 z / G
+            const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(x + 16 * z), _mm512_set1_ps(sv[16 * z / G]));
+            d[j] = v16_e4m3_encode_dw<FNUZ>(y, msat, V16_NAN_POS_SAT);
+        }
+        _mm512_storeu_si512(q + 64 * c, v16_pack4_u8(d[0], d[1], d[2], d[3]));
+    }
+}
+
+template <int NG>
+static inline void quant_nvfp4(const float* __restrict x, uint8_t* __restrict packed,
+                               uint8_t* __restrict scales) {
+    static_assert(NG % 16 == 0, "group layout");
+    alignas(64) float S[NG];
+    for (int h = 0; h < NG; h += 16) {
+        __m512i m[16];
+        for (int g = 0; g < 16; ++g) m[g] = v16_abs_bits_nonan(_mm512_loadu_ps(x + 16 * (h + g)));
+        const __m512 sf = _mm512_mul_ps(_mm512_castsi512_ps(v16_hmax16x16_epu32(m)), _mm512_set1_ps(INV_6));
+        __m512i sfb = _mm512_max_epu32(_mm512_castps_si512(sf), v16_u32(0x3B000000u));  // 2^-9
+        sfb = _mm512_min_epu32(sfb, v16_u32(0x43E00000u));                              // 448
+        const __m128i sb = v16_e4m3_encode<false>(_mm512_castsi512_ps(sfb), 0x43E00000u, 0x7Fu);
+        _mm_storeu_si128((__m128i*)(scales + h), sb);
+        _mm512_storeu_ps(S + h, v16_e4m3_decode<false>(sb));
+    }
+    for (int g = 0; g < NG; ++g) {
+        const __m512 y = _mm512_div_ps(_mm512_loadu_ps(x + 16 * g), _mm512_set1_ps(S[g]));
+        __m512i c = v16_e2m1_encode(y);
+        c = _mm512_mask_mov_epi32(c, _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q), v16_u32(7));
+        store_nibbles(c, packed + 8 * g);
+    }
+}
+
+// UE8M0 FP8 decode, 32 values per step in 16-bit lanes.  For codes whose products are all
+// normal, finite bf16 (OCP 10..246, FNUZ 11..247) bf16(e4m3 * 2^(code-127)) is exact and
+// is built from bits: normal e4m3 -> (em << 4) + ((code - bias) << 7); subnormal e4m3 m*2^-9
+// (m*2^-10) from a per-code 8-entry table; zero keeps its sign; NaN -> 0x7FFF.  Other codes
+// (0, 255, extreme scales) take the fp32 path (same result as port::decode_ue8m0).
+template <bool FNUZ>
+static inline __m512i dec_subtab_base() {
+    // entry m (1..7): ((p - off) << 7) | ((m << (7 - p)) & 0x7F), p = (m >= 2) + (m >= 4)
+    alignas(64) int16_t t[32] = {0};
+    const int off = FNUZ ? 10 : 9;
+    for (int m = 1; m < 8; ++m) {
+        const int p = (m >= 2) + (m >= 4);
+        t[m] = (int16_t)(((p - off) * 128) | ((m << (7 - p)) & 0x7F));
+    }
+    return _mm512_load_si512(t);
+}
+
+template <int G, int NG, bool FNUZ>
+static inline void decode_ue8m0(const uint8_t* __restrict v, const uint8_t* __restrict codes,
+                                uint16_t* __restrict out) {
+    static_assert(G % 32 == 0, "group layout");
+    static const __m512i base = dec_subtab_base<FNUZ>();
+    const int lo = FNUZ ? 11 : 10, hi = FNUZ ? 247 : 246;
+    const __m512i m7f = _mm512_set1_epi16(0x7F), m80 = _mm512_set1_epi16(0x80);
+    for (int g = 0; g < NG; ++g) {
+        const int code = codes[g];
+        if (code < lo || code > hi) {
+            const __m512 S = _mm512_set1_ps(ue8m0_decode((uint8_t)code));
+            for (int k = 0; k < G / 16; ++k) {
+                const __m512 f = v16_e4m3_decode<FNUZ>(_mm_loadu_si128((const __m128i*)(v + g * G + 16 * k)));
+                _mm256_storeu_si256((__m256i*)(out + g * G + 16 * k), v16_bf16_canon(_mm512_mul_ps(f, S)));
+            }
+            continue;
+        }
+        const __m512i add = _mm512_set1_epi16((int16_t)((code - (FNUZ ? 8 : 7)) * 128));
+        const __m512i sub = _mm512_maskz_add_epi16(0xFFFFFFFEu, base, _mm512_set1_epi16((int16_t)(code * 128)));
+        for (int k = 0; k < G / 32; ++k) {
+            const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(v + g * G + 32 * k)));
+            const __m512i em = _mm512_and_si512(b, m7f);
+            __m512i r = _mm512_add_epi16(_mm512_slli_epi16(em, 4), add);
+            r = _mm512_mask_mov_epi16(r, _mm512_cmplt_epu16_mask(em, _mm512_set1_epi16(8)), _mm512_permutexvar_epi16(em, sub));
+            r = _mm512_or_si512(r, _mm512_slli_epi16(_mm512_and_si512(b, m80), 8));
+            const __mmask32 nan = FNUZ ? _mm512_cmpeq_epi16_mask(b, m80) : _mm512_cmpeq_epi16_mask(em, m7f);
+            r = _mm512_mask_mov_epi16(r, nan, _mm512_set1_epi16(0x7FFF));
+            _mm512_storeu_si512(out + g * G + 32 * k, r);
+        }
+    }
+}
+
+static inline void decode_nvfp4(const uint8_t* __restrict v, const uint8_t* __restrict scales,
+                                uint16_t* __restrict out) {
+    const __m512 lut = _mm512_loadu_ps(e2m1_tables().plus_zero);
+    const __m512i shifts = idx16(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+    alignas(64) float S[32];
+    _mm512_storeu_ps(S, v16_e4m3_decode<false>(_mm_loadu_si128((const __m128i*)scales)));
+    _mm512_storeu_ps(S + 16, v16_e4m3_decode<false>(_mm_loadu_si128((const __m128i*)(scales + 16))));
+    for (int g = 0; g < 32; ++g) {
+        const __m128i b8 = _mm_loadl_epi64((const __m128i*)(v + 8 * g));
+        const __m512i idx = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(b8, b8)), shifts);
+        // e2m1 value (<= 2 significant bits) times an e4m3 scale (<= 4 bits, >= 2^-9): the
+        // product is an exact bf16 (or NaN): its top 16 bits, NaN -> 0x7FFF.
+        const __m512 y = _mm512_mul_ps(_mm512_permutexvar_ps(idx, lut), _mm512_set1_ps(S[g]));
+        __m512i r = _mm512_srli_epi32(_mm512_castps_si512(y), 16);
+        r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q), v16_u32(0x7FFFu));
+        _mm256_storeu_si256((__m256i*)(out + 16 * g), _mm512_cvtepi32_epi16(r));
+    }
+}
+
+static inline void rotate_latent(const float* __restrict x, float* __restrict rot,
+                                 const void* cs, int32_t cs_bf16, int64_t cs_s0, int64_t cs_s1,
+                                 int64_t row, bool with_nope, bool sanitize) {
+    const __m512 es = even_sign();
+    __m512 c0, c1, s0, s1;
+    if (cs_s1 == 1) {
+        const void* rp = cs_bf16 ? (const void*)((const uint16_t*)cs + row * cs_s0)
+                                 : (const void*)((const float*)cs + row * cs_s0);
+        c0 = load_cs16(rp, cs_bf16, 0), c1 = load_cs16(rp, cs_bf16, 16);
+        s0 = load_cs16(rp, cs_bf16, 32), s1 = load_cs16(rp, cs_bf16, 48);
+    } else {
+        alignas(64) float c[32], s[32];
+        load_cos_sin(cs, cs_bf16, cs_s0, cs_s1, row, 32, c, s);
+        c0 = _mm512_loadu_ps(c), c1 = _mm512_loadu_ps(c + 16);
+        s0 = _mm512_loadu_ps(s), s1 = _mm512_loadu_ps(s + 16);
+    }
+    if (with_nope) {
+        for (int d = 0; d < NOPE; d += 16) {
+            __m512 y = nope16(_mm512_loadu_ps(x + d), es);
+            if (sanitize) y = zero_nan(y);
+            _mm512_storeu_ps(rot + d, y);
+        }
+    }
+    const __m512 cc[2] = {c0, c1}, ss[2] = {s0, s1};
+    for (int k = 0; k < 4; ++k) {
+        const __m512 c = dup_pairs(cc[k >> 1], 8 * (k & 1)), s = dup_pairs(ss[k >> 1], 8 * (k & 1));
+        __m512 y = rope16(_mm512_loadu_ps(x + NOPE + 16 * k), c, s, es);
+        if (sanitize) y = zero_nan(y);
+        _mm512_storeu_ps(rot + NOPE + 16 * k, y);
+    }
+}
+
+static inline void store_fp8_row(const float* __restrict rot, uint8_t* __restrict dst, float inv) {
+    const __m512 iv = _mm512_set1_ps(inv);
+    for (int c = 0; c < HEAD; c += 64) {
+        __m512i e[4];
+        for (int j = 0; j < 4; ++j) {
+            const __m512 y = _mm512_mul_ps(v16_bf16_round(_mm512_loadu_ps(rot + c + 16 * j), 0x7FFFu), iv);
+            e[j] = v16_e4m3_encode_dw<false>(y, 0x43E00000u, V16_NAN_POS_SAT);
+        }
+        _mm512_storeu_si512(dst + c, v16_pack4_u8(e[0], e[1], e[2], e[3]));
+    }
+}
+
+static inline __m512 bf16_round_torch(__m512 x) { return v16_bf16_round(x, 0xFFFFu); }
+
+// NT tokens at once, phase by phase, so the out-of-order core overlaps their latency chains
+// (sum of squares -> sqrt/div -> norm -> RoPE -> amax -> scale -> encode).
+template <bool FP4, int NT>
+static inline void indexer_tokens(const uint16_t* const* krow, const int64_t* row, const void* cs,
+                                  int32_t cs_bf16, int64_t cs_s0, int64_t cs_s1, int rope_dim,
+                                  const float* __restrict w, float eps, const uint32_t* thr,
+                                  uint8_t* const* q, uint8_t (*sb)[4]) {
+    if (rope_dim != 64) {  // the AVX-512 path is laid out for 64 NoPE + 64 RoPE dims
+        for (int u = 0; u < NT; ++u)
+            port::indexer_token<FP4>(krow[u], cs, cs_bf16, cs_s0, cs_s1, row[u], rope_dim, w, eps,
+                                     thr, q[u], sb[u]);
+        return;
+    }
+    const __m512 es = even_sign();
+    __m512 k[NT][8];
+    float rs[NT];
+    for (int u = 0; u < NT; ++u) {
+        __m512d acc[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd()};
+        for (int i = 0; i < 8; ++i) {  // chunks 2i (low half) and 2i+1 (high half)
+            k[u][i] = v16_bf16_load(krow[u] + 16 * i);
+            const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(k[u][i]));
+            const __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(k[u][i]), 1)));
+            acc[(2 * i) & 3] = _mm512_fmadd_pd(lo, lo, acc[(2 * i) & 3]);  // k^2 exact: fma == mul + add
+            acc[(2 * i + 1) & 3] = _mm512_fmadd_pd(hi, hi, acc[(2 * i + 1) & 3]);
+        }
+        const __m512d A = _mm512_add_pd(_mm512_add_pd(acc[0], acc[1]), _mm512_add_pd(acc[2], acc[3]));
+        const __m256d t = _mm256_add_pd(_mm512_castpd512_pd256(A), _mm512_extractf64x4_pd(A, 1));
+        const __m128d v2 = _mm_add_pd(_mm256_castpd256_pd128(t), _mm256_extractf128_pd(t, 1));
+        const double ss = _mm_cvtsd_f64(v2) + _mm_cvtsd_f64(_mm_unpackhi_pd(v2, v2));
+        const float v = (float)ss / 128.0f + eps;
+        rs[u] = (float)(1.0 / std::sqrt((double)v));
+    }
+    __m512 cc[NT][2], sn[NT][2];
+    for (int u = 0; u < NT; ++u) {
+        if (cs_s1 == 1) {
+            const void* rp = cs_bf16 ? (const void*)((const uint16_t*)cs + row[u] * cs_s0)
+                                     : (const void*)((const float*)cs + row[u] * cs_s0);
+            cc[u][0] = load_cs16(rp, cs_bf16, 0), cc[u][1] = load_cs16(rp, cs_bf16, 16);
+            sn[u][0] = load_cs16(rp, cs_bf16, 32), sn[u][1] = load_cs16(rp, cs_bf16, 48);
+        } else {
+            alignas(64) float c[32], s[32];
+            load_cos_sin(cs, cs_bf16, cs_s0, cs_s1, row[u], 32, c, s);
+            cc[u][0] = _mm512_loadu_ps(c), cc[u][1] = _mm512_loadu_ps(c + 16);
+            sn[u][0] = _mm512_loadu_ps(s), sn[u][1] = _mm512_loadu_ps(s + 16);
+        }
+    }
+    __m512i am[NT][4];
+    for (int u = 0; u < NT; ++u) {
+        const __m512 r = _mm512_set1_ps(rs[u]);
+        for (int i = 0; i < 8; ++i) {
+            const __m512 kn = bf16_round_torch(_mm512_mul_ps(_mm512_mul_ps(k[u][i], r), _mm512_loadu_ps(w + 16 * i)));
+            __m512 y;
+            if (i < 4) {
+                y = nope16(kn, es);
+            } else {
+                const int j = i - 4;
+                y = rope16(kn, dup_pairs(cc[u][j >> 1], 8 * (j & 1)), dup_pairs(sn[u][j >> 1], 8 * (j & 1)), es);
+            }
+            k[u][i] = bf16_round_torch(y);
+            const __m512i a = v16_abs_bits_nonan(k[u][i]);
+            am[u][i >> 1] = (i & 1) ? _mm512_max_epu32(am[u][i >> 1], a) : a;
+        }
+    }
+    if (!FP4) {
+        float sc[NT];
+        for (int u = 0; u < NT; ++u) {
+            const __m512i m = _mm512_max_epu32(_mm512_max_epu32(am[u][0], am[u][1]), _mm512_max_epu32(am[u][2], am[u][3]));
+            float amax = from_bits(_mm512_reduce_max_epu32(m));
+            amax = amax > F32_1E_4 ? amax : F32_1E_4;
+            const float e = ceil_log2(amax * INV_448, thr);
+            sc[u] = exp2i(-e);
+            const float scale = exp2i(e);
+            std::memcpy(sb[u], &scale, 4);
+        }
+        for (int u = 0; u < NT; ++u) {
+            const __m512 scv = _mm512_set1_ps(sc[u]);
+            for (int h = 0; h < 2; ++h) {
+                // e4m3(clamp_sym(y, 448)): the encoder's saturation with the NaN sign kept.
+                __m512i e[4];
+                for (int j = 0; j < 4; ++j)
+                    e[j] = v16_e4m3_encode_dw<false>(_mm512_mul_ps(k[u][4 * h + j], scv), 0x43E00000u, V16_NAN_SIGNED_SAT);
+                _mm512_storeu_si512(q[u] + 64 * h, v16_pack4_u8(e[0], e[1], e[2], e[3]));
+            }
+        }
+    } else {
+        float sc[NT][4];
+        for (int u = 0; u < NT; ++u) {
+            for (int b = 0; b < 4; ++b) {
+                float amax = from_bits(_mm512_reduce_max_epu32(am[u][b]));
+                const float floor_ = 0x1.8p-124f;  // 6 * 2^-126
+                amax = amax > floor_ ? amax : floor_;
+                float e = ceil_log2(amax * INV_6, thr);
+                e = e < -127.0f ? -127.0f : (e > 127.0f ? 127.0f : e);
+                sc[u][b] = exp2i(-e);
+                sb[u][b] = (uint8_t)(int)(e + 127.0f);
+            }
+        }
+        for (int u = 0; u < NT; ++u) {
+            for (int i = 0; i < 8; ++i) {
+                const __m512 y = _mm512_mul_ps(k[u][i], _mm512_set1_ps(sc[u][i >> 1]));
+                store_nibbles(v16_e2m1_encode(y), q[u] + 8 * i);
+            }
+        }
+    }
+}
+
+template <bool FP4>
+static inline void indexer_token(const uint16_t* __restrict krow, const void* cs, int32_t cs_bf16,
+                                 int64_t cs_s0, int64_t cs_s1, int64_t row, int rope_dim,
+                                 const float* __restrict w, float eps, const uint32_t* thr,
+                                 uint8_t* __restrict q, uint8_t* __restrict sb) {
+    uint8_t sbs[1][4];
+    const uint16_t* kr[1] = {krow};
+    uint8_t* qp[1] = {q};
+    indexer_tokens<FP4, 1>(kr, &row, cs, cs_bf16, cs_s0, cs_s1, rope_dim, w, eps, thr, qp, sbs);
+    std::memcpy(sb, sbs[0], 4);
+}
+
+}  // namespace simd
+namespace tok = simd;
+#else
+namespace tok = port;
+#endif
+
+// Software prefetch of the lines a token PF iterations ahead will touch (random cache
+// records, random cos/sin rows): hides most of the miss latency of the scattered accesses.
+constexpr int64_t PF = 8;
+static inline void prefetch_lines(const void* p, int64_t bytes, bool write) {
+    const char* c = (const char*)p;
+    for (int64_t i = 0; i < bytes; i += 64) {
+        if (write) __builtin_prefetch(c + i, 1, 3);
+        else __builtin_prefetch(c + i, 0, 3);
+    }
+    if (bytes > 0) {
+        if (write) __builtin_prefetch(c + bytes - 1, 1, 3);
+        else __builtin_prefetch(c + bytes - 1, 0, 3);
+    }
+}
+// the value and scale bytes of slot `slot` in a segregated page (row-major layouts)
+static inline void prefetch_record(uint8_t* cache, int64_t ps, int64_t B, int64_t slot, int64_t vb,
+                                   int64_t sb, bool write) {
+    if (slot < 0) return;
+    uint8_t* pg = cache + (slot / B) * ps;
+    const int64_t o = slot % B;
+    prefetch_lines(pg + o * vb, vb, write);
+    prefetch_lines(pg + B * vb + o * sb, sb, write);
+}
+static inline void prefetch_cs_row(const void* cs, int32_t cs_bf16, int64_t s0, int64_t s1, int64_t row) {
+    const int64_t esz = cs_bf16 ? 2 : 4;
+    prefetch_lines((const char*)cs + row * s0 * esz, 64 * s1 * esz, false);
+}
+
+// =======================================================================================
+// kernels
+// =======================================================================================
+
+// quantize_and_insert_k_cache (spec cache_ops §3)
+template <bool FNUZ>
+static void quantize_insert_584(const uint16_t* k, int64_t ks0, uint8_t* cache, int64_t ps,
+                                const int64_t* slots, int64_t T, int64_t B) {
+    const uint32_t* thr = ceil_log2_table().thr;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+        if (t + PF < T) prefetch_record(cache, ps, B, slots[t + PF], 576, 8, true);
+        const int64_t slot = slots[t];
+        if (slot < 0) continue;
+        const int64_t blk = slot / B, o = slot % B;
+        uint8_t* page = cache + blk * ps;
+        const uint16_t* row = k + t * ks0;
+        alignas(64) float x[NOPE];
+        tok::bf16_to_f32(row, x, NOPE);
+        uint8_t* val = page + o * 576;
+        uint8_t* sc = page + B * 576 + o * 8;
+        tok::quant_ue8m0<64, 7, FNUZ>(x, val, sc, false, thr);
+        sc[7] = 0;
+        std::memcpy(val + NOPE, row + NOPE, 128);  // RoPE dims: the bf16 bits verbatim
+    }
+}
+
+template <bool FNUZ>
+static void quantize_insert_528(const uint16_t* k, int64_t ks0, uint8_t* cache, int64_t ps,
+                                const int64_t* slots, int64_t T, int64_t B) {
+    const uint32_t* thr = ceil_log2_table().thr;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+        if (t + PF < T) prefetch_record(cache, ps, B, slots[t + PF], 512, 16, true);
+        const int64_t slot = slots[t];
+        if (slot < 0) continue;
+        const int64_t blk = slot / B, o = slot % B;
+        uint8_t* page = cache + blk * ps;
+        alignas(64) float x[HEAD];
+        tok::bf16_to_f32(k + t * ks0, x, HEAD);
+        tok::quant_ue8m0<32, 16, FNUZ>(x, page + o * 512, page + B * 512 + o * 16, false, thr);
+    }
+}
+
+// dequantize_and_gather_k_cache (spec cache_ops §4).  Tokens are the concatenation of the
+// requests' gathered ranges; each thread takes a contiguous slice of them.
+template <int W, bool FNUZ>
+static void gather_impl(uint16_t* out, int64_t os0, int64_t os1, const uint8_t* cache, int64_t ps,
+                        const int32_t* seq_lens, const int32_t* gather_lens, int64_t R,
+                        const int32_t* bt, int64_t bts0, int64_t bts1, int64_t B,
+                        int64_t offset) {
+    std::vector<int64_t> first(R + 1);
+    first[0] = 0;
+    for (int64_t r = 0; r < R; ++r) {
+        const int64_t n = gather_lens ? gather_lens[r] : seq_lens[r];
+        first[r + 1] = first[r] + (n > 0 ? n : 0);
+    }
+    const int64_t total = first[R];
+    if (total == 0) return;
+#pragma omp parallel
+    {
+        const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+        const int64_t lo = total * tid / nt, hi = total * (tid + 1) / nt;
+        if (lo < hi) {
+            int64_t r = std::upper_bound(first.begin(), first.end(), lo) - first.begin() - 1;
+            int64_t rp = r;  // request of the token PF ahead
+            for (int64_t idx = lo; idx < hi; ++idx) {
+                if (idx + PF < hi) {
+                    const int64_t j = idx + PF;
+                    while (j >= first[rp + 1]) ++rp;
+                    const int64_t pj = (int64_t)seq_lens[rp] - (first[rp + 1] - first[rp]) + (j - first[rp]);
+                    const int64_t bj = bt[rp * bts0 + (pj / B) * bts1];
+                    constexpr int64_t VB = W == 584 ? 576 : W == 528 ? 512 : 256;
+                    constexpr int64_t SB = W == 584 ? 8 : W == 528 ? 16 : 32;
+                    prefetch_record(const_cast<uint8_t*>(cache), ps, B, bj * B + pj % B, VB, SB, false);
+                }
+                while (idx >= first[r + 1]) ++r;
+                const int64_t i = idx - first[r];
+                const int64_t n = first[r + 1] - first[r];
+                const int64_t p = (int64_t)seq_lens[r] - n + i;
+                const int64_t blk = bt[r * bts0 + (p / B) * bts1];
+                const int64_t o = p % B;
+                const uint8_t* page = cache + blk * ps;
+                uint16_t* dst = out + r * os0 + (offset + i) * os1;
+                if (W == 584) {
+                    tok::decode_ue8m0<64, 7, FNUZ>(page + o * 576, page + B * 576 + o * 8, dst);
+                    std::memcpy(dst + NOPE, page + o * 576 + NOPE, 128);
+                } else if (W == 528) {
+                    tok::decode_ue8m0<32, 16, FNUZ>(page + o * 512, page + B * 512 + o * 16, dst);
+                } else {
+                    tok::decode_nvfp4(page + o * 256, page + B * 256 + o * 32, dst);
+                }
+            }
+        }
+    }
+}
+
+// rope_quant_insert (spec cache_ops §8.2)
 enum RopeKind { RK_584 = 0, RK_528 = 1, RK_288 = 2, RK_BF16 = 3, RK_FP8 = 4 };
 
 template <int KIND>
@@ -254,8 +751,22 @@ static void rope_quant_insert_impl(const uint16_t* latent, int64_t ls0, const in
                                    int64_t T, int64_t B, int64_t CR, float inv_scale,
                                    bool sanitize) {
     const uint32_t* thr = ceil_log2_table().thr;
+    const int64_t vb = KIND == RK_584 ? 576 : KIND == RK_528 ? 512 : 256;
+    const int64_t sb = KIND == RK_584 ? 8 : KIND == RK_528 ? 16 : 32;
+    const int64_t esz = KIND == RK_BF16 ? 2 : 1;
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; ++t) {
+        if (t + PF < T) {
+            const int64_t sp = slots[t + PF], pp = positions[t + PF];
+            if (sp >= 0 && (pp + 1) % CR == 0) {
+                prefetch_cs_row(cs, cs_bf16, cs_s0, cs_s1, (pp / CR) * CR);
+                prefetch_lines(latent + (t + PF) * ls0, HEAD * 2, false);
+                if (KIND <= RK_288)
+                    prefetch_record((uint8_t*)cache, c_s0, B, sp, vb, sb, true);
+                else
+                    prefetch_lines((uint8_t*)cache + ((sp / B) * c_s0 + (sp % B) * c_s1) * esz, HEAD * esz, true);
+            }
+        }
         const int64_t slot = slots[t];
         if (slot < 0) continue;
         const int64_t pos = positions[t];
@@ -263,47 +774,60 @@ static void rope_quant_insert_impl(const uint16_t* latent, int64_t ls0, const in
         const int64_t page = slot / B, o = slot % B;
         alignas(64) float x[HEAD];
         alignas(64) float rot[HEAD];
-        alignas(64) float c[32], s[32];
-        bf16_row_to_f32(latent + t * ls0, x, HEAD);
-        load_cos_sin(cs, cs_bf16, cs_s0, cs_s1, (pos / CR) * CR, 32, c, s);
-        if (KIND != RK_584) nope_pairs(x, rot, 224);
-        rope_pairs(x + 448, rot + 448, c, s, 32);
-        if (sanitize) {
-            const int lo = KIND == RK_584 ? 448 : 0;
-            for (int d = lo; d < HEAD; ++d) rot[d] = rot[d] != rot[d] ? 0.0f : rot[d];
-        }
+        tok::bf16_to_f32(latent + t * ls0, x, HEAD);
+        tok::rotate_latent(x, rot, cs, cs_bf16, cs_s0, cs_s1, (pos / CR) * CR, KIND != RK_584, sanitize);
         if (KIND == RK_584) {
+            // NoPE quantized from the unrotated latent; RoPE dims stored as bf16(x').
             uint8_t* pg = (uint8_t*)cache + page * c_s0;
             uint8_t* val = pg + o * 576;
             uint8_t* sc = pg + B * 576 + o * 8;
-            quant_ue8m0<64, 7, false>(x, val, sc, sanitize, thr);
+            tok::quant_ue8m0<64, 7, false>(x, val, sc, sanitize, thr);
             sc[7] = 0;
             alignas(64) uint16_t tail[64];
-            for (int d = 0; d < 64; ++d) tail[d] = f32_to_bf16_rne_canon(rot[448 + d]);
-            std::memcpy(val + 448, tail, 128);
+            tok::store_bf16_canon(rot + NOPE, tail, 64);
+            std::memcpy(val + NOPE, tail, 128);
         } else if (KIND == RK_528) {
             uint8_t* pg = (uint8_t*)cache + page * c_s0;
-            quant_ue8m0<32, 16, false>(rot, pg + o * 512, pg + B * 512 + o * 16, sanitize, thr);
+            tok::quant_ue8m0<32, 16, false>(rot, pg + o * 512, pg + B * 512 + o * 16, sanitize, thr);
         } else if (KIND == RK_288) {
             uint8_t* pg = (uint8_t*)cache + page * c_s0;
-            quant_nvfp4<32>(rot, pg + o * 256, pg + B * 256 + o * 32);
+            tok::quant_nvfp4<32>(rot, pg + o * 256, pg + B * 256 + o * 32);
         } else if (KIND == RK_BF16) {
-            uint16_t* dst = (uint16_t*)cache + page * c_s0 + o * c_s1;
-            for (int d = 0; d < HEAD; ++d) dst[d] = f32_to_bf16_rne_canon(rot[d]);
+            tok::store_bf16_canon(rot, (uint16_t*)cache + page * c_s0 + o * c_s1, HEAD);
         } else {
-            uint8_t* dst = (uint8_t*)cache + page * c_s0 + o * c_s1;
-            for (int d = 0; d < HEAD; ++d) {
-                const float y = bf16_to_f32(f32_to_bf16_rne_canon(rot[d])) * inv_scale;
-                dst[d] = e4m3fn_encode(clamp_nan_pos(y, 448.0f));
-            }
+            tok::store_fp8_row(rot, (uint8_t*)cache + page * c_s0 + o * c_s1, inv_scale);
         }
     }
 }
 
-// ---------------------------------------------------------------------------------------
-// indexer_k_norm_rope_store (rope_quant_ops §3)
-// ---------------------------------------------------------------------------------------
-constexpr int IDX_D = 128;
+// indexer_k_norm_rope_store (rope_quant_ops §3; page layouts §3.4).  Each thread takes a
+// contiguous slice of tokens and runs the writing ones two at a time (tok::indexer_tokens).
+template <bool FP4, bool TILED>
+static inline void indexer_store_token(const uint8_t* q, const uint8_t* sb, uint8_t* pg, int64_t o,
+                                       int64_t B, int64_t N) {
+    if (!FP4) {
+        if (TILED) {  // values [B/16][128/16][16 tokens][16 bytes]; scales not tiled
+            uint8_t* base = pg + (o / 16) * (16 * IDX_D) + (o % 16) * 16;
+            for (int b = 0; b < IDX_D / 16; ++b) std::memcpy(base + b * 256, q + b * 16, 16);
+        } else {
+            std::memcpy(pg + o * IDX_D, q, IDX_D);
+        }
+        std::memcpy(pg + B * IDX_D + o * 4, sb, 4);
+    } else {
+        uint8_t* sbase = pg + B * 64;
+        if (TILED) {  // aiter preshuffle, N tokens per tile
+            const int64_t g = o / N, l = o % N;
+            uint8_t* base = pg + g * (N * 64) + l * 16;
+            for (int b = 0; b < 4; ++b) std::memcpy(base + b * (N * 16), q + b * 16, 16);
+            const int64_t s_lo = 64 / N, s_hi = 4 / s_lo;
+            for (int j = 0; j < 4; ++j)
+                sbase[g * (N * 4) + (j % s_lo) * (N * s_hi) + l * s_hi + j / s_lo] = sb[j];
+        } else {
+            std::memcpy(pg + o * 64, q, 64);
+            std::memcpy(sbase + o * 4, sb, 4);
+        }
+    }
+}
 
 template <bool FP4, bool TILED>
 static void indexer_k_store_impl(const uint16_t* k_pre, int64_t ks0, const int64_t* positions,
@@ -312,81 +836,45 @@ static void indexer_k_store_impl(const uint16_t* k_pre, int64_t ks0, const int64
                                  int64_t ps, int64_t B, const int64_t* slots, int64_t T,
                                  int64_t CR, int64_t N) {
     const uint32_t* thr = ceil_log2_table().thr;
-    const int nope = IDX_D - rope_dim;
-    const int P = rope_dim / 2;
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; ++t) {
-        const int64_t slot = slots[t];
-        if (slot < 0) continue;
-        const int64_t pos = positions[t];
-        if ((pos + 1) % CR != 0) continue;
-        const int64_t o = slot % B;
-        uint8_t* pg = cache + (slot / B) * ps;
-        alignas(64) float k[IDX_D], kn[IDX_D], kr[IDX_D];
-        alignas(64) float c[IDX_D / 2], s[IDX_D / 2];
-        bf16_row_to_f32(k_pre + t * ks0, k, IDX_D);
-        // RMSNorm (§3.3 step 2), as the reference: squares exact in float64, summed in
-        // float64 (8 lanes, then pairwise), rounded once; /128 exact; rsqrt = fl32 of the
-        // float64 1/sqrt.  Every k_d^2 is exact and the float64 sum is exact unless the
-        // squares span more than ~2^37, so the order does not matter in practice.
-        double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int i = 0; i < IDX_D; i += 8)
-            for (int l = 0; l < 8; ++l) acc[l] += (double)k[i + l] * (double)k[i + l];
-        const double ss = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-        const float var = (float)ss / 128.0f;
-        const float v = var + eps;
-        const float r = (float)(1.0 / std::sqrt((double)v));
-        for (int d = 0; d < IDX_D; ++d) kn[d] = rnbf16_torch((k[d] * r) * w[d]);
-        // RoPE at the group's first position; NoPE pairs rotate by (1, 0) (finding 2).
-        load_cos_sin(cs, cs_bf16, cs_s0, cs_s1, (pos / CR) * CR, P, c, s);
-        nope_pairs(kn, kr, nope / 2);
-        rope_pairs(kn + nope, kr + nope, c, s, P);
-        for (int d = 0; d < IDX_D; ++d) kr[d] = rnbf16_torch(kr[d]);
-        if (!FP4) {
-            float amax = absmax_ignore_nan(kr, IDX_D);
-            amax = amax > F32_1E_4 ? amax : F32_1E_4;
-            const float e = ceil_log2(amax * INV_448, thr);
-            const float sc = exp2i(-e);
-            alignas(64) uint8_t q[IDX_D];
-            for (int i = 0; i < IDX_D; ++i) q[i] = e4m3fn_encode(clamp_sym(kr[i] * sc, 448.0f));
-            if (TILED) {  // [B/16][128/16][16][16]
-                uint8_t* base = pg + (o / 16) * (16 * IDX_D) + (o % 16) * 16;
-                for (int b = 0; b < IDX_D / 16; ++b) std::memcpy(base + b * 256, q + b * 16, 16);
-            } else {
-                std::memcpy(pg + o * IDX_D, q, IDX_D);
+#pragma omp parallel
+    {
+        const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+        const int64_t lo = T * tid / nt, hi = T * (tid + 1) / nt;
+        alignas(64) uint8_t qbuf[2][IDX_D];
+        uint8_t sb[2][4];
+        uint8_t* qp[2] = {qbuf[0], qbuf[1]};
+        const uint16_t* kr[2];
+        int64_t row[2], slot[2];
+        int np = 0;
+        auto flush = [&](int n) {
+            if (n == 2)
+                tok::indexer_tokens<FP4, 2>(kr, row, cs, cs_bf16, cs_s0, cs_s1, rope_dim, w, eps, thr, qp, sb);
+            else
+                tok::indexer_tokens<FP4, 1>(kr, row, cs, cs_bf16, cs_s0, cs_s1, rope_dim, w, eps, thr, qp, sb);
+            for (int u = 0; u < n; ++u)
+                indexer_store_token<FP4, TILED>(qbuf[u], sb[u], cache + (slot[u] / B) * ps, slot[u] % B, B, N);
+        };
+        for (int64_t t = lo; t < hi; ++t) {
+            if (t + PF < hi) {
+                const int64_t sp = slots[t + PF], pp = positions[t + PF];
+                if (sp >= 0 && (pp + 1) % CR == 0) {
+                    prefetch_cs_row(cs, cs_bf16, cs_s0, cs_s1, (pp / CR) * CR);
+                    if (!TILED) prefetch_record(cache, ps, B, sp, FP4 ? 64 : IDX_D, 4, true);
+                }
             }
-            const float scale = exp2i(e);
-            std::memcpy(pg + B * IDX_D + o * 4, &scale, 4);
-        } else {
-            alignas(64) uint8_t packed[IDX_D / 2];
-            uint8_t sb[4];
-            for (int b = 0; b < 4; ++b) {
-                const float* xb = kr + b * 32;
-                float amax = absmax_ignore_nan(xb, 32);
-                const float floor_ = 0x1.8p-124f;  // 6 * 2^-126
-                amax = amax > floor_ ? amax : floor_;
-                float e = ceil_log2(amax * INV_6, thr);
-                e = e < -127.0f ? -127.0f : (e > 127.0f ? 127.0f : e);
-                const float sc = exp2i(-e);
-                uint8_t codes[32];
-                for (int i = 0; i < 32; ++i) codes[i] = e2m1_encode(xb[i] * sc);
-                for (int i = 0; i < 16; ++i)
-                    packed[b * 16 + i] = (uint8_t)(codes[2 * i] | (codes[2 * i + 1] << 4));
-                sb[b] = (uint8_t)(int)(e + 127.0f);
-            }
-            uint8_t* sbase = pg + B * 64;
-            if (TILED) {  // aiter preshuffle, N tokens per tile (rope_quant_ops §3.4)
-                const int64_t g = o / N, l = o % N;
-                uint8_t* base = pg + g * (N * 64) + l * 16;
-                for (int b = 0; b < 4; ++b) std::memcpy(base + b * (N * 16), packed + b * 16, 16);
-                const int64_t s_lo = 64 / N, s_hi = 4 / s_lo;
-                for (int j = 0; j < 4; ++j)
-                    sbase[g * (N * 4) + (j % s_lo) * (N * s_hi) + l * s_hi + j / s_lo] = sb[j];
-            } else {
-                std::memcpy(pg + o * 64, packed, 64);
-                std::memcpy(sbase + o * 4, sb, 4);
+            const int64_t sl = slots[t];
+            if (sl < 0) continue;
+            const int64_t pos = positions[t];
+            if ((pos + 1) % CR != 0) continue;
+            kr[np] = k_pre + t * ks0;
+            row[np] = (pos / CR) * CR;
+            slot[np] = sl;
+            if (++np == 2) {
+                flush(2);
+                np = 0;
             }
         }
+        if (np) flush(np);
     }
 }
 
@@ -394,10 +882,13 @@ static void indexer_k_store_impl(const uint16_t* k_pre, int64_t ks0, const int64
 
 extern "C" {
 
+int dsv41_cache_kernels_simd(void) { return DSV41_CPU_AVX512; }
+
 int dsv41_quantize_insert_k(const uint16_t* k, int64_t ks0, uint8_t* cache, int64_t page_stride,
                             const int64_t* slots, int64_t T, int64_t block_size,
                             int32_t use_fnuz, int32_t bytes_per_token) {
     if (T <= 0) return 0;
+    if (block_size <= 0) return -1;
     if (bytes_per_token == 528) {
         if (use_fnuz) quantize_insert_528<true>(k, ks0, cache, page_stride, slots, T, block_size);
         else quantize_insert_528<false>(k, ks0, cache, page_stride, slots, T, block_size);
@@ -414,6 +905,7 @@ int dsv41_dequant_gather_k(uint16_t* out, int64_t os0, int64_t os1, const uint8_
                            int64_t bts0, int64_t bts1, int64_t block_size, int64_t offset,
                            int32_t use_fnuz) {
     if (num_reqs <= 0) return 0;
+    if (block_size <= 0) return -1;
 #define DSV41_G(W, F)                                                                          \
     gather_impl<W, F>(out, os0, os1, cache, page_stride, seq_lens, gather_lens, num_reqs, bt, \
                       bts0, bts1, block_size, offset)
@@ -424,7 +916,7 @@ int dsv41_dequant_gather_k(uint16_t* out, int64_t os0, int64_t os1, const uint8_
     } else if (width == 288) {
         DSV41_G(288, false);
     } else {
-        return -1;
+        return -2;
     }
 #undef DSV41_G
     return 0;
@@ -432,12 +924,14 @@ int dsv41_dequant_gather_k(uint16_t* out, int64_t os0, int64_t os1, const uint8_
 
 // kind: 0 = 584, 1 = 528, 2 = 288 (uint8 paged records; c_s0 = page bytes),
 //       3 = plain bf16 rows, 4 = plain e4m3fn rows (c_s0 / c_s1 in elements).
+// fp8_scale: the 1-element fp32 per-tensor scale of kind 4 (inv = 1/scale, IEEE fp32).
 int dsv41_rope_quant_insert(const uint16_t* latent, int64_t ls0, const int64_t* positions,
                             const void* cs, int32_t cs_bf16, int64_t cs_s0, int64_t cs_s1,
                             void* cache, int32_t kind, int64_t c_s0, int64_t c_s1,
                             const int64_t* slots, int64_t T, int64_t B, int64_t CR,
                             const float* fp8_scale, int32_t sanitize) {
     if (T <= 0) return 0;
+    if (B <= 0 || CR <= 0) return -1;
     const float inv = fp8_scale ? 1.0f / fp8_scale[0] : 1.0f;
 #define DSV41_R(K)                                                                          \
     rope_quant_insert_impl<K>(latent, ls0, positions, cs, cs_bf16, cs_s0, cs_s1, cache, c_s0, \
@@ -448,7 +942,7 @@ int dsv41_rope_quant_insert(const uint16_t* latent, int64_t ls0, const int64_t* 
         case RK_288: DSV41_R(RK_288); break;
         case RK_BF16: DSV41_R(RK_BF16); break;
         case RK_FP8: DSV41_R(RK_FP8); break;
-        default: return -1;
+        default: return -2;
     }
 #undef DSV41_R
     return 0;
@@ -460,20 +954,21 @@ int dsv41_indexer_k_store(const uint16_t* k_pre, int64_t ks0, const int64_t* pos
                           int64_t page_stride, int64_t B, const int64_t* slots, int64_t T,
                           int64_t CR, int32_t use_fp4, int32_t tiled, int64_t n_per_tile) {
     if (T <= 0) return 0;
-    if (rope_dim <= 0 || rope_dim > IDX_D || rope_dim % 2) return -1;
+    if (B <= 0 || CR <= 0) return -1;
+    if (rope_dim <= 0 || rope_dim > IDX_D || rope_dim % 2 || (IDX_D - rope_dim) % 2) return -2;
 #define DSV41_I(F, TL)                                                                        \
     indexer_k_store_impl<F, TL>(k_pre, ks0, positions, cs, cs_bf16, cs_s0, cs_s1, rope_dim, w, \
                                 eps, cache, page_stride, B, slots, T, CR, n_per_tile)
     if (use_fp4) {
         if (tiled) {
-            if (n_per_tile != 16 && n_per_tile != 32 && n_per_tile != 64) return -2;
+            if ((n_per_tile != 16 && n_per_tile != 32 && n_per_tile != 64) || B % n_per_tile) return -3;
             DSV41_I(true, true);
         } else {
             DSV41_I(true, false);
         }
     } else {
         if (tiled) {
-            if (B % 16) return -2;
+            if (B % 16) return -3;
             DSV41_I(false, true);
         } else {
             DSV41_I(false, false);
@@ -511,6 +1006,68 @@ void dsv41_codec_exp2i(const float* x, float* out, int64_t n) {
 }
 void dsv41_codec_clamp_sym(const float* x, float* out, int64_t n, float m) {
     for (int64_t i = 0; i < n; ++i) out[i] = clamp_sym(x[i], m);
+}
+
+// AVX-512 twins (n a multiple of 16); return -1 when they were not compiled in.
+int dsv41_codec_v16_e4m3_encode(const float* x, uint8_t* out, int64_t n, int32_t fnuz,
+                                uint32_t sat_bits, uint32_t nan_code) {
+#if DSV41_CPU_AVX512
+    for (int64_t i = 0; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        const __m128i r = fnuz ? v16_e4m3_encode<true>(v, sat_bits, nan_code)
+                               : v16_e4m3_encode<false>(v, sat_bits, nan_code);
+        _mm_storeu_si128((__m128i*)(out + i), r);
+    }
+    return 0;
+#else
+    (void)x, (void)out, (void)n, (void)fnuz, (void)sat_bits, (void)nan_code;
+    return -1;
+#endif
+}
+int dsv41_codec_v16_e4m3_decode(const uint8_t* b, float* out, int64_t n, int32_t fnuz) {
+#if DSV41_CPU_AVX512
+    for (int64_t i = 0; i + 16 <= n; i += 16) {
+        const __m128i v = _mm_loadu_si128((const __m128i*)(b + i));
+        _mm512_storeu_ps(out + i, fnuz ? v16_e4m3_decode<true>(v) : v16_e4m3_decode<false>(v));
+    }
+    return 0;
+#else
+    (void)b, (void)out, (void)n, (void)fnuz;
+    return -1;
+#endif
+}
+int dsv41_codec_v16_e2m1_encode(const float* x, uint8_t* out, int64_t n) {
+#if DSV41_CPU_AVX512
+    for (int64_t i = 0; i + 16 <= n; i += 16)
+        _mm_storeu_si128((__m128i*)(out + i), _mm512_cvtepi32_epi8(v16_e2m1_encode(_mm512_loadu_ps(x + i))));
+    return 0;
+#else
+    (void)x, (void)out, (void)n;
+    return -1;
+#endif
+}
+int dsv41_codec_v16_bf16(const float* x, uint16_t* out, int64_t n, int32_t torch_nan) {
+#if DSV41_CPU_AVX512
+    for (int64_t i = 0; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        _mm256_storeu_si256((__m256i*)(out + i), torch_nan ? v16_bf16_torch(v) : v16_bf16_canon(v));
+    }
+    return 0;
+#else
+    (void)x, (void)out, (void)n, (void)torch_nan;
+    return -1;
+#endif
+}
+int dsv41_codec_v16_ceil_log2(const float* x, int32_t* out, int64_t n) {
+#if DSV41_CPU_AVX512
+    const uint32_t* thr = ceil_log2_table().thr;
+    for (int64_t i = 0; i + 16 <= n; i += 16)
+        _mm512_storeu_si512(out + i, v16_ceil_log2_pos(_mm512_loadu_ps(x + i), thr));
+    return 0;
+#else
+    (void)x, (void)out, (void)n;
+    return -1;
+#endif
 }
 
 }  // extern "C"

@@ -29,6 +29,8 @@ __all__ = [
     "rope_quant_insert",
     "indexer_k_norm_rope_store",
     "library",
+    "build_error",
+    "simd",
 ]
 
 LIB_NAME = "dsv41_cache_kernels"
@@ -51,6 +53,12 @@ _SIGNATURES = {
     "dsv41_codec_ceil_log2": [_P, _P, _I64, _I32],
     "dsv41_codec_exp2i": [_P, _P, _I64],
     "dsv41_codec_clamp_sym": [_P, _P, _I64, _F32],
+    "dsv41_codec_v16_e4m3_encode": [_P, _P, _I64, _I32, ctypes.c_uint32, ctypes.c_uint32],
+    "dsv41_codec_v16_e4m3_decode": [_P, _P, _I64, _I32],
+    "dsv41_codec_v16_e2m1_encode": [_P, _P, _I64],
+    "dsv41_codec_v16_bf16": [_P, _P, _I64, _I32],
+    "dsv41_codec_v16_ceil_log2": [_P, _P, _I64],
+    "dsv41_cache_kernels_simd": [],
 }
 
 _lock = threading.Lock()
@@ -70,6 +78,20 @@ def library() -> ctypes.CDLL:
                     fn.restype = ctypes.c_int
                 _lib = lib
     return _lib
+
+
+def build_error() -> str | None:
+    """None if the library builds and loads here, else the reason (for the capability sheet)."""
+    try:
+        library()
+    except (RuntimeError, OSError, AttributeError) as exc:
+        return str(exc)
+    return None
+
+
+def simd() -> bool:
+    """True when the AVX-512 token paths were compiled in (else the portable C++ paths run)."""
+    return bool(library().dsv41_cache_kernels_simd())
 
 
 def _check(rc: int, op: str) -> None:

@@ -42,14 +42,20 @@
 //   v16_bf16_load(p)              16 bf16 -> __m512 (exact)
 //   v16_bf16_canon(x)             __m512 -> 16 bf16 bits (__m256i), RNE, NaN -> 0x7FFF
 //   v16_bf16_torch(x)             same, NaN -> 0xFFFF (torch's CPU cast)
+//   v16_bf16_round(x, nan_bits)   fp32 -> bf16 RNE -> fp32 in place (NaN -> nan_bits << 16)
 //   v16_e4m3_encode<FNUZ>(x, sat_bits, nan_code)   16 bytes (__m128i): RNE, |x| saturated
 //                                 to from_bits(sat_bits) (448/240 for the plain casts, 448/224 for
-//                                 the quantizers), NaN -> nan_code, FNUZ drops the sign of zero.
+//                                 the quantizers), NaN -> nan_code, FNUZ drops the sign of zero;
+//                                 nan_code V16_NAN_SIGNED_SAT: e4m3(clamp_sym(x, sat)); nan_code
+//                                 V16_NAN_POS_SAT: NaN -> +sat (the quantizers' rule).
+//   v16_e4m3_encode_dw<FNUZ>(...) the same, one byte per dword lane (unpacked)
+//   v16_pack4_u8(d0, d1, d2, d3)  4 x 16 byte-valued dwords -> 64 bytes in order
 //                                 (OCP, 0x43E00000, 0x7F) == e4m3fn_encode; (FNUZ, 0x43700000,
 //                                 0x80) == e4m3fnuz_encode.
 //   v16_e4m3_decode<FNUZ>(b)      16 bytes -> __m512 (exact, NaN bytes -> NaN)
 //   v16_e2m1_encode(x)            16 codes in the low 4 bits of each dword (== e2m1_encode)
 //   v16_abs_bits_nonan(x)         |x| bit patterns with NaN lanes zeroed (for NaN-ignoring amax)
+//   v16_hmax16x16_epu32(v[16])    lane g = unsigned max of the 16 lanes of v[g]
 //   v16_ceil_log2_pos(r, thr)     ceil_log2 of 16 positive normal-or-inf r, as int32 (inf -> 255
 //                                 sentinel is the caller's business: see the comment)
 #pragma once
@@ -336,8 +342,27 @@ static inline __m256i v16_bf16_nan_(__m512 x, uint32_t nan_bits) {
 static inline __m256i v16_bf16_canon(__m512 x) { return v16_bf16_nan_(x, 0x7FFFu); }
 static inline __m256i v16_bf16_torch(__m512 x) { return v16_bf16_nan_(x, 0xFFFFu); }
 
+// fp32 -> bf16 (RNE) -> fp32 without leaving the 32-bit lanes; NaN -> nan_bits << 16.
+static inline __m512 v16_bf16_round(__m512 x, uint32_t nan_bits) {
+    const __m512i b = _mm512_castps_si512(x);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), v16_u32(1));
+    __m512i r = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(b, v16_u32(0x7FFF)), odd),
+                                 v16_u32(0xFFFF0000u));
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), v16_u32(nan_bits << 16));
+    return _mm512_castsi512_ps(r);
+}
+
+// NaN rules of v16_e4m3_encode*: nan_code <= 0xFF: NaN -> that byte; V16_NAN_SIGNED_SAT:
+// NaN saturates like any large value, keeping its sign (e4m3(clamp_sym(x, sat))); V16_NAN_POS_SAT:
+// NaN -> +sat (the quantizers' rule, finding 3: e4m3(NaN ? +sat : clamp_sym(x, sat))).
+static const uint32_t V16_NAN_SIGNED_SAT = 0x100u;
+static const uint32_t V16_NAN_POS_SAT = 0x200u;
+
+// 16 encoded bytes, one per dword lane (see v16_e4m3_encode).
 template <bool FNUZ>
-static inline __m128i v16_e4m3_encode(__m512 x, uint32_t sat_bits, uint32_t nan_code) {
+static inline __m512i v16_e4m3_encode_dw(__m512 x, uint32_t sat_bits, uint32_t nan_code) {
+    if (nan_code == V16_NAN_POS_SAT)  // QNaN/SNaN -> +FLT_MAX (then saturated), others kept
+        x = _mm512_fixupimm_ps(x, x, _mm512_set1_epi32(0x111111EE), 0);
     const __m512i b = _mm512_castps_si512(x);
     __m512i a = _mm512_and_si512(b, v16_u32(0x7FFFFFFFu));
     const __mmask16 nan = _mm512_cmpgt_epu32_mask(a, v16_u32(0x7F800000u));
@@ -351,11 +376,23 @@ static inline __m128i v16_e4m3_encode(__m512 x, uint32_t sat_bits, uint32_t nan_
         v16_u32((FNUZ ? 140u : 141u) << 23));
     const __mmask16 is_sub = _mm512_cmplt_epu32_mask(a, v16_u32((FNUZ ? 120u : 121u) << 23));
     __m512i r = _mm512_mask_mov_epi32(nrm, is_sub, sub);
-    __m512i sign = _mm512_and_si512(_mm512_srli_epi32(b, 24), v16_u32(0x80u));
+    __m512i sign = _mm512_srli_epi32(b, 24);
     if (FNUZ) sign = _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(r, r), sign);
-    r = _mm512_or_si512(r, sign);
-    r = _mm512_mask_mov_epi32(r, nan, v16_u32(nan_code));
-    return _mm512_cvtepi32_epi8(r);
+    r = _mm512_ternarylogic_epi32(r, sign, v16_u32(0x80u), 0xF8);  // r | (sign & 0x80)
+    if (nan_code <= 0xFFu) r = _mm512_mask_mov_epi32(r, nan, v16_u32(nan_code));
+    return r;
+}
+
+template <bool FNUZ>
+static inline __m128i v16_e4m3_encode(__m512 x, uint32_t sat_bits, uint32_t nan_code) {
+    return _mm512_cvtepi32_epi8(v16_e4m3_encode_dw<FNUZ>(x, sat_bits, nan_code));
+}
+
+// Four vectors of byte-valued dwords -> 64 bytes in order (d0's 16, d1's 16, ...).
+static inline __m512i v16_pack4_u8(__m512i d0, __m512i d1, __m512i d2, __m512i d3) {
+    const __m512i p = _mm512_packus_epi16(_mm512_packus_epi32(d0, d1), _mm512_packus_epi32(d2, d3));
+    const __m512i idx = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    return _mm512_permutexvar_epi32(idx, p);
 }
 
 template <bool FNUZ>
@@ -390,6 +427,22 @@ static inline __m512i v16_e2m1_encode(__m512 x) {
 static inline __m512i v16_abs_bits_nonan(__m512 x) {
     const __m512i a = _mm512_and_si512(_mm512_castps_si512(x), v16_u32(0x7FFFFFFFu));
     return _mm512_maskz_mov_epi32(_mm512_cmple_epu32_mask(a, v16_u32(0x7F800000u)), a);
+}
+
+// Transposed horizontal max: lane g of the result = max over the 16 unsigned dwords of v[g]
+// (4 shuffle levels, 45 instructions for 16 reductions).
+static inline __m512i v16_hmax16x16_epu32(const __m512i* v) {
+    __m512i t[8], u[4], w[2];
+    for (int i = 0; i < 8; ++i)
+        t[i] = _mm512_max_epu32(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
+                                _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; ++i)
+        u[i] = _mm512_max_epu32(_mm512_unpacklo_epi64(t[2 * i], t[2 * i + 1]),
+                                _mm512_unpackhi_epi64(t[2 * i], t[2 * i + 1]));
+    for (int i = 0; i < 2; ++i)
+        w[i] = _mm512_max_epu32(_mm512_shuffle_i32x4(u[2 * i], u[2 * i + 1], 0x88),
+                                _mm512_shuffle_i32x4(u[2 * i], u[2 * i + 1], 0xDD));
+    return _mm512_max_epu32(_mm512_shuffle_i32x4(w[0], w[1], 0x88), _mm512_shuffle_i32x4(w[0], w[1], 0xDD));
 }
 
 // ceil(fl32(log2 r)) for positive r whose biased exponent E is 1..254 (normal), as int32:

@@ -270,7 +270,6 @@ void dsv41_build_flashinfer_mixed_sparse_indices(
     const int32_t wswa = i32(W_swa);
     const int32_t win = i32(window_size);
     const bool par = (D + P) * std::max<int64_t>(out_w, 1) >= kParallelMin && (D + P) > 1;
-    (void)qsl_n;
 
 #pragma omp parallel for schedule(static) if (par)
     for (int64_t n = 0; n < D + P; ++n) {
@@ -312,12 +311,13 @@ void dsv41_build_flashinfer_mixed_sparse_indices(
             const int64_t p = n - D;
             const int32_t req = t2r[n * t2r_s0];
             int32_t qs = 0, qe = 0, L = 0, rs = 0;
-            if (R > 0) {
-                const int64_t rc = std::min<int64_t>(std::max<int64_t>(req, 0), R - 1);
-                qs = qsl[rc * qsl_s0];
-                qe = qsl[(rc + 1) * qsl_s0];
-                L = seq_lens[rc * seq_s0];
-            }
+            // _per_request reads: query_start_loc[:R], query_start_loc[1:R+1] and seq_lens, each
+            // with the request index clamped into its own length
+            const int64_t qs_n = std::min<int64_t>(R, qsl_n), qe_n = std::min<int64_t>(R, qsl_n - 1);
+            const int64_t rq = std::max<int64_t>(req, 0);
+            if (qs_n > 0) qs = qsl[std::min<int64_t>(rq, qs_n - 1) * qsl_s0];
+            if (qe_n > 0) qe = qsl[(1 + std::min<int64_t>(rq, qe_n - 1)) * qsl_s0];
+            if (R > 0) L = seq_lens[std::min<int64_t>(rq, R - 1) * seq_s0];
             if (replay_n > 0) rs = replay[std::min<int64_t>(std::max<int64_t>(req, 0), replay_n - 1) * replay_s0];
             const int32_t ni = (int32_t)n;
             const int32_t pos = wadd(wsub(L, wsub(qe, qs)), wsub(ni, qs));

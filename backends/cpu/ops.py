@@ -161,7 +161,8 @@ def combine_topk_swa_indices(
         return None
     if any(
         t.dtype != _I32 for t in (topk_indices, query_start_loc, seq_lens, gather_lens, combined_indices, combined_lens)
-    ) or not _rows_ok(topk_indices, combined_indices):
+    ) or not _rows_ok(topk_indices, combined_indices) or seq_lens.shape[0] > query_start_loc.shape[0] - 1:
+        # (more seq_lens than requests in query_start_loc: the reference raises IndexError)
         return _reference("sparse_indices", "combine_topk_swa_indices")(
             topk_indices, query_start_loc, seq_lens, gather_lens, window_size, compress_ratio, topk, M, N,
             combined_indices, combined_lens,
@@ -359,6 +360,7 @@ def fused_inv_rope_fp8_quant(
         and cos_sin_cache.dtype == _F32 and cos_sin_cache.dim() == 2 and cos_sin_cache.stride(1) == 1
         and cos_sin_cache.shape[0] > 0
         and NH == G * HG and Dh == nope_dim + rope_dim and QG > 0 and Dh % QG == 0
+        and nope_dim % 2 == 0 and rope_dim % 2 == 0 and cos_sin_cache.shape[1] >= rope_dim
         and out_buf.dim() == 3 and out_buf.stride(2) == 1
         and (out_buf.element_size() == 1 if quantize else out_buf.dtype == _BF16)
         and (not permuted_output or quantize)

@@ -1,5 +1,6 @@
-"""NVIDIA backend: Triton kernels (shared source in ``backends/triton``) and CuTe DSL kernels."""
+"""NVIDIA backend: the shared Triton kernels (``backends/triton``) and CuTe DSL kernels."""
 
+from dsv41.backends.triton.sheet import TRITON_KERNELS
 from dsv41.registry import Backend
 
 NVIDIA_ARCHS = ("sm_90", "sm_100", "sm_103", "sm_120")
@@ -12,14 +13,25 @@ class CudaTritonBackend(Backend):
     vendors = ("nvidia",)
     archs = NVIDIA_ARCHS
     requires = ("triton",)
-    kernels: dict = {}
+    kernels = dict(TRITON_KERNELS)
+    triton_source = True
 
 
 class CudaCuteDSLBackend(Backend):
+    """CuTe DSL kernels where the seed has them: the fp8 gather and the indexer-Q quantizer.
+
+    Calls these kernels cannot serve (FNUZ caches, the NVFP4 record, shapes outside the
+    compiled classes) are passed to the Triton kernel inside the launcher, so the
+    selection stays per op.
+    """
+
     name = "cuda:cutedsl"
     family = "cuda"
     device_type = "cuda"
     vendors = ("nvidia",)
     archs = ("sm_90", "sm_100", "sm_103")
-    requires = ("cutlass",)
-    kernels: dict = {}
+    requires = ("cutlass", "triton")
+    kernels = {
+        "dequantize_and_gather_k_cache": "dsv41.backends.cuda.cutedsl_gather:dequantize_and_gather_k_cache",
+        "fused_indexer_q_rope_quant": "dsv41.backends.cuda.cutedsl_indexer_q:fused_indexer_q_rope_quant",
+    }

@@ -1,5 +1,7 @@
-"""AMD backend: the shared Triton kernels built with the ROCm tiled layout and the cache's fp8 flavour."""
+"""AMD backend: the shared Triton kernels (``backends/triton``), parametrized by the cache's
+fp8 flavour (FNUZ on gfx942 caches, OCP on gfx950) and the ROCm tiled indexer layout."""
 
+from dsv41.backends.triton.sheet import TRITON_KERNELS
 from dsv41.registry import Backend
 
 
@@ -10,4 +12,5 @@ class RocmBackend(Backend):
     vendors = ("amd",)
     archs = ("gfx942", "gfx950")
     requires = ("triton",)
-    kernels: dict = {}
+    kernels = dict(TRITON_KERNELS)
+    triton_source = True

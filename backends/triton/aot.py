@@ -113,12 +113,24 @@ def _compile(spec: AotSpec, target):
     return triton.compile(src, target=target, options={"num_warps": spec.num_warps})
 
 
-def compile_all(target=None, names=None) -> list:
+def _build(job):
+    i, label = job
+    spec = AOT_SPECS[i]
+    try:
+        _compile(spec, _gpu_target(label))
+        return (spec.name, label, True, None)
+    except Exception as exc:
+        msg = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        return (spec.name, label, False, msg[-2000:])
+
+
+def compile_all(target=None, names=None, jobs: int = 1) -> list:
     """Build every registered kernel variant; returns ``[(kernel, target, ok, error)]``.
 
     target: None (every target), a name of ``TARGETS`` (``"sm90"``, ``"sm100"``,
         ``"gfx942"``, ``"gfx950"``), a list of names, or a ``triton.backends.compiler.GPUTarget``.
     names: optional substring filter on spec names.
+    jobs: parallel build processes (fork; 1 = in this process).
     A spec is built only for the targets it lists (a ``GPUTarget`` argument builds every
     spec whose list contains that target's name).  Import failures of kernel modules are
     reported as ``(module, "import", False, error)``.
@@ -132,18 +144,19 @@ def compile_all(target=None, names=None) -> list:
         wanted = list(target)
     else:
         wanted = [target]
-    for spec in AOT_SPECS:
+    todo = []
+    for i, spec in enumerate(AOT_SPECS):
         if names is not None and names not in spec.name:
             continue
         for t in wanted:
-            gt = _gpu_target(t)
-            label = _target_label(gt)
-            if label not in spec.targets:
-                continue
-            try:
-                _compile(spec, gt)
-                results.append((spec.name, label, True, None))
-            except Exception as exc:
-                msg = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-                results.append((spec.name, label, False, msg[-2000:]))
+            label = _target_label(_gpu_target(t))
+            if label in spec.targets:
+                todo.append((i, label))
+    if jobs > 1 and len(todo) > 1:
+        import multiprocessing
+
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            results += pool.map(_build, todo, chunksize=1)
+    else:
+        results += [_build(job) for job in todo]
     return results

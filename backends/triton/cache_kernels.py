@@ -19,16 +19,23 @@ One source for every vendor, parametrized by constexprs instead of copied:
 * tiled layouts  ROCm's 16x16 FP8 / preshuffled MXFP4 indexer layouts (``TILED``/``NPT``).
 
 The RoPE contraction is pinned with ``tl.fma``: ``e' = fma(e, c, -(o*s))``,
-``o' = fma(o, c, o*0 + e*s)`` exactly as spec rope_quant_ops §1.2 (a true sign flip is used
-for ``-(o*s)``: Triton lowers unary minus to ``0 - x``, which would turn -0 into +0 and
-break finding 2).  Every other float operation is a single IEEE operation, so every
-vendor produces the same bytes.
+``o' = fma(o, c, e*s)`` exactly as spec rope_quant_ops §1.2 (``-(o*s)`` is a true sign flip,
+``x * -1.0``: Triton lowers unary minus to ``0 - x``, which turns -0 into +0 and would break
+finding 2).  NoPE pairs go through the same expression with (cos, sin) = (1, 0).  Every
+other float operation is a single IEEE operation, so every vendor produces the same bytes.
+The few places where the reference is exact where the GPU upstream is approximate use
+float64 (needs fp64 hardware; every NVIDIA / AMD datacenter GPU has it): the RMSNorm sum of
+squares and ``rsqrt`` (``indexer_k_norm_rope_store``, ``fused_save_compress_norm``) and the
+softmax ``exp2`` of the CR-2 pooling (``_exp2_rn``).
 
 Launchers have exactly the signatures of docs/kernel_contract.md: they write into the
 given tensors, allocate nothing, never synchronize (no ``.item()``), use the current
 stream, and launch nothing for an empty batch.  Each program handles ``BLOCK_T`` tokens x
-the full record (2-D / 4-D tiles, one load per input byte); page offsets are int64;
-every store is masked to the slots given.
+the full record (2-D / 4-D tiles, one load per input byte; where no compress ratio gates
+a token, input rows load for every ``t < T`` so the loads do not wait for the slot load,
+and rows of skipped tokens are read but never stored); slot -> page / offset in int32 (a
+slot of a cache that fits in memory is < 2^31), byte offsets in int64; every store is
+masked to the slots given.
 
 Op -> launcher:
   quantize_and_insert_k_cache   -> quantize_and_insert_k_cache
@@ -64,21 +71,22 @@ CONFIG = {
     "soft_fp8": None,
     "exact_log2": True,
     # tokens per program and warps per program, per kernel
+    # (from an H200 sweep at 65 536 tokens; run-to-run noise is about +-0.05 of copy)
     "block_t": {
         "insert": 8,
         "gather": 8,
         "rope": 8,
         "indexer": 16,
-        "norm1": 8,
+        "norm1": 4,
         "norm2": 4,
     },
     "num_warps": {
-        "insert": 8,
+        "insert": 4,
         "gather": 8,
-        "rope": 8,
+        "rope": 4,
         "indexer": 4,
-        "norm1": 8,
-        "norm2": 8,
+        "norm1": 4,
+        "norm2": 4,
         "ring": 4,
     },
     # upper bound on gather programs (grid = requests x workers)
@@ -219,12 +227,21 @@ def _bf16_round(x, SOFT: tl.constexpr):
 
 @triton.jit
 def _e2m1_code(x):
-    """fp32 -> e2m1 code (int32 0..15): RNE on codes, |x| > 6 -> 6, sign bit kept."""
-    a = tl.abs(x)
-    c = ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
-         + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
-         + (a > 5.0).to(tl.int32))
-    return c | ((x.to(tl.int32, bitcast=True) >> 28) & 8)
+    """fp32 -> e2m1 code (int32 0..15): RNE on codes, |x| > 6 -> 6, sign bit kept, NaN -> 0.
+
+    e2m1 is a float with 2 exponent bits (bias 1) and 1 mantissa bit: normal |x| >= 1 round
+    the fp32 mantissa to 1 bit (RNE) and rebias, subnormal |x| < 1 round on the 0.5 grid by
+    adding 2^22 (exactly the thresholds 0.25/0.75/1.25/1.75/2.5/3.5/5 with ties to even).
+    """
+    bits = x.to(tl.int32, bitcast=True)
+    a = bits & 0x7FFFFFFF
+    af = a.to(tl.float32, bitcast=True)
+    rn = a + 0x1FFFFF + ((a >> 22) & 1)
+    cn = (rn >> 22) - 252
+    cs = (af + 4194304.0).to(tl.int32, bitcast=True) - 0x4A800000
+    c = tl.minimum(tl.where(a < 0x3F800000, cs, cn), 7)
+    c = tl.where(a > 0x7F800000, 0, c)
+    return c | ((bits >> 28) & 8)
 
 
 @triton.jit
@@ -310,6 +327,96 @@ def _exp2_rn(y):
 
 
 # --------------------------------------------------------------------------------------
+# Shared tile pieces
+# --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _slot_page(slot_ptr, t, T, block_size, page_stride):
+    """(valid, page byte offset (int64), token in page (int32)) of the tokens ``t``.
+
+    Negative slots skip.  A slot of a cache that fits in memory is < 2^31, so the page /
+    offset split is done in int32; the byte offset of the page in int64 (spec §1.1).
+    """
+    tmask = t < T
+    slot = tl.load(slot_ptr + t, mask=tmask, other=-1)
+    valid = tmask & (slot >= 0)
+    s = tl.where(valid, slot, 0).to(tl.int32)
+    blk = s // block_size
+    return valid, blk.to(tl.int64) * page_stride, s - blk * block_size
+
+
+@triton.jit
+def _store_i16(cache_ptr, dst, j, bits, valid, TAIL_I16: tl.constexpr):
+    """Store int16 ``bits[BT, n]`` at byte offsets ``dst[BT] + 2 j`` (little-endian)."""
+    if TAIL_I16:
+        c16 = (cache_ptr + dst).to(tl.pointer_type(tl.int16))
+        tl.store(c16[:, None] + j[None, :], bits, mask=valid[:, None])
+    else:
+        bi = bits.to(tl.int32)
+        tl.store(cache_ptr + dst[:, None] + 2 * j[None, :], (bi & 0xFF).to(tl.uint8),
+                 mask=valid[:, None])
+        tl.store(cache_ptr + dst[:, None] + 2 * j[None, :] + 1, ((bi >> 8) & 0xFF).to(tl.uint8),
+                 mask=valid[:, None])
+
+
+@triton.jit
+def _nope_pairs(x4, SANITIZE: tl.constexpr):
+    """NoPE pairs through the rotation with (cos, sin) = (1, 0) (finding 2):
+    e' = fma(e, 1, -(o*0)) = e + -(o*0), o' = fma(o, 1, e*0) = o + e*0."""
+    e, o = tl.split(x4)
+    e2 = e + _neg(o * 0.0)
+    o2 = o + e * 0.0
+    if SANITIZE:
+        e2 = tl.where(e2 != e2, 0.0, e2)
+        o2 = tl.where(o2 != o2, 0.0, o2)
+    return e2, o2
+
+
+@triton.jit
+def _rope_tile(x_ptr, xrow, DIM0: tl.constexpr, cs_ptr, crow, valid, SANITIZE: tl.constexpr,
+               BLOCK_T: tl.constexpr):
+    """The 64 RoPE dims ``[DIM0, DIM0+64)`` of BT rows, rotated -> (e', o') ``[BT, 32]`` fp32."""
+    j = tl.arange(0, 64)
+    xr = tl.load(x_ptr + xrow[:, None] + DIM0 + j[None, :], mask=valid[:, None],
+                 other=0.0).to(tl.float32)
+    e, o = tl.split(tl.reshape(xr, (BLOCK_T, 32, 2)))
+    i = tl.arange(0, 32)
+    c = tl.load(cs_ptr + crow[:, None] + i[None, :], mask=valid[:, None], other=1.0).to(tl.float32)
+    s = tl.load(cs_ptr + crow[:, None] + 32 + i[None, :], mask=valid[:, None],
+                other=0.0).to(tl.float32)
+    e2, o2 = _rope(e, o, c, s)
+    if SANITIZE:
+        e2 = tl.where(e2 != e2, 0.0, e2)
+        o2 = tl.where(o2 != o2, 0.0, o2)
+    return e2, o2
+
+
+@triton.jit
+def _ue8m0_pairs(e, o, EXACT_LOG2: tl.constexpr, SANITIZE: tl.constexpr, SOFT: tl.constexpr):
+    """OCP UE8M0 groups over the last axis of even/odd halves ``[BT, NG, HG]`` ->
+    (bytes ``[BT, NG, HG, 2]``, codes ``[BT, NG]``)."""
+    amax = tl.maximum(tl.max(_nan_abs(e), axis=2), tl.max(_nan_abs(o), axis=2))
+    mult, code = _ue8m0_scale(amax, 448.0, EXACT_LOG2, SANITIZE)
+    m3 = mult[:, :, None]
+    q = tl.join(_ue8m0_apply(e, m3, 448.0, False, SOFT), _ue8m0_apply(o, m3, 448.0, False, SOFT))
+    return q, code
+
+
+@triton.jit
+def _nvfp4_pairs(e, o, SOFT: tl.constexpr):
+    """NVFP4 groups of 16 (spec §2.3) over even/odd halves ``[BT, NG, 8]`` ->
+    (packed bytes ``[BT, NG, 8]``, e4m3 scale bytes ``[BT, NG]``)."""
+    amax = tl.maximum(tl.max(_nan_abs(e), axis=2), tl.max(_nan_abs(o), axis=2))
+    sf = tl.minimum(tl.maximum(amax * (1.0 / 6.0), 0.001953125), 448.0)
+    sb = _e4m3_encode(sf, False, SOFT)
+    S = _e4m3_decode(sb, False, SOFT)[:, :, None]
+    ce = tl.where(e != e, 7, _e2m1_code(tl.math.div_rn(e, S)))
+    co = tl.where(o != o, 7, _e2m1_code(tl.math.div_rn(o, S)))
+    return (ce | (co << 4)).to(tl.uint8), sb
+
+
+# --------------------------------------------------------------------------------------
 # quantize_and_insert_k_cache (spec cache_ops §3)
 # --------------------------------------------------------------------------------------
 
@@ -324,22 +431,20 @@ def _quant_insert_kernel(
     FP8_MAX: tl.constexpr = 224.0 if FNUZ else 448.0
     W: tl.constexpr = NG * G
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    tmask = t < T
-    slot = tl.load(slot_ptr + t, mask=tmask, other=-1).to(tl.int64)
-    valid = tmask & (slot >= 0)
-    bs = block_size.to(tl.int64)
-    tok = slot % bs
-    page = (slot // bs) * page_stride
+    valid, page, tok = _slot_page(slot_ptr, t, T, block_size, page_stride)
     vbase = page + tok * VB
-    sbase = page + bs * VB + tok * SB
-    t64 = t.to(tl.int64)
+    sbase = page + block_size * VB + tok * SB
+    krow = t.to(tl.int64) * k_stride
 
+    # rows are loaded for every t < T, so the loads do not wait for the slot load
+    # (a skipped row is read, never stored)
+    tmask = t < T
     d = tl.arange(0, W)
     qmask = valid[:, None] & (d < NQ * G)[None, :]
-    x = tl.load(k_ptr + t64[:, None] * k_stride + d[None, :], mask=qmask, other=0.0)
+    x = tl.load(k_ptr + krow[:, None] + d[None, :],
+                mask=tmask[:, None] & (d < NQ * G)[None, :], other=0.0)
     x3 = tl.reshape(x.to(tl.float32), (BLOCK_T, NG, G))
-    amax = tl.max(_nan_abs(x3), axis=2)
-    mult, code = _ue8m0_scale(amax, FP8_MAX, EXACT_LOG2, False)
+    mult, code = _ue8m0_scale(tl.max(_nan_abs(x3), axis=2), FP8_MAX, EXACT_LOG2, False)
     q = _ue8m0_apply(x3, mult[:, :, None], FP8_MAX, FNUZ, SOFT)
     tl.store(cache_ptr + vbase[:, None] + d[None, :], tl.reshape(q, (BLOCK_T, W)), mask=qmask)
     g = tl.arange(0, NG)
@@ -350,17 +455,8 @@ def _quant_insert_kernel(
         # 584: dims NQ*G.. copied verbatim as bf16 bits
         j = tl.arange(0, 64)
         k16 = k_ptr.to(tl.pointer_type(tl.int16))
-        tail = tl.load(k16 + t64[:, None] * k_stride + NQ * G + j[None, :], mask=valid[:, None])
-        dst = vbase + NQ * G
-        if TAIL_I16:
-            c16 = (cache_ptr + dst).to(tl.pointer_type(tl.int16))
-            tl.store(c16[:, None] + j[None, :], tail, mask=valid[:, None])
-        else:
-            ti = tail.to(tl.int32)
-            tl.store(cache_ptr + dst[:, None] + 2 * j[None, :], (ti & 0xFF).to(tl.uint8),
-                     mask=valid[:, None])
-            tl.store(cache_ptr + dst[:, None] + 2 * j[None, :] + 1,
-                     ((ti >> 8) & 0xFF).to(tl.uint8), mask=valid[:, None])
+        tail = tl.load(k16 + krow[:, None] + NQ * G + j[None, :], mask=tmask[:, None])
+        _store_i16(cache_ptr, vbase + NQ * G, j, tail, valid, TAIL_I16)
 
 
 def _i16_ok(t: torch.Tensor, *strides) -> bool:
@@ -406,14 +502,14 @@ def _gather_kernel(
         n = L
     start = L - n
     r64 = r.to(tl.int64)
-    bs = block_size.to(tl.int64)
     o16 = out_ptr.to(tl.pointer_type(tl.int16))
     for i0 in range(w * BLOCK_T, n, nw * BLOCK_T):
         i = i0 + tl.arange(0, BLOCK_T)
         m = i < n
-        p = (start + i).to(tl.int64)
-        blk = tl.load(bt_ptr + r64 * bt_s0 + p // bs, mask=m, other=0).to(tl.int64)
-        tok = p % bs
+        p = start + i
+        j = p // block_size
+        blk = tl.load(bt_ptr + r64 * bt_s0 + j, mask=m, other=0).to(tl.int64)
+        tok = p - j * block_size
         page = blk * page_stride
         orow = r64 * out_s0 + (offset + i).to(tl.int64) * out_s1
         if REC == 288:
@@ -422,7 +518,7 @@ def _gather_kernel(
             pb = tl.load(cache_ptr + (page + tok * 256)[:, None] + kb[None, :], mask=m[:, None],
                          other=0).to(tl.int32)
             g = tl.arange(0, 32)
-            sc = tl.load(cache_ptr + (page + bs * 256 + tok * 32)[:, None] + g[None, :],
+            sc = tl.load(cache_ptr + (page + block_size * 256 + tok * 32)[:, None] + g[None, :],
                          mask=m[:, None], other=0)
             S = _e4m3_decode(sc, False, SOFT)
             pb3 = tl.reshape(pb, (BLOCK_T, 32, 8))
@@ -449,25 +545,25 @@ def _gather_kernel(
             vbase = page + tok * VB
             qb = tl.load(cache_ptr + vbase[:, None] + d[None, :], mask=dmask, other=0)
             g = tl.arange(0, NG)
-            code = tl.load(cache_ptr + (page + bs * VB + tok * SB)[:, None] + g[None, :],
+            code = tl.load(cache_ptr + (page + block_size * VB + tok * SB)[:, None] + g[None, :],
                            mask=m[:, None] & (g < NQ)[None, :], other=0).to(tl.int32)
             S = (code << 23).to(tl.float32, bitcast=True)  # 2^(code-127); 0 -> 0, 255 -> inf
             v3 = tl.reshape(_e4m3_decode(qb, FNUZ, SOFT), (BLOCK_T, NG, G)) * S[:, :, None]
             v = tl.reshape(v3, (BLOCK_T, NG * G))
             tl.store(o16 + orow[:, None] + d[None, :], _bf16_bits(v, SOFT), mask=dmask)
             if REC == 584:
-                j = tl.arange(0, 64)
+                jt = tl.arange(0, 64)
                 src = vbase + NQ * G
                 if TAIL_I16:
                     c16 = (cache_ptr + src).to(tl.pointer_type(tl.int16))
-                    tail = tl.load(c16[:, None] + j[None, :], mask=m[:, None])
+                    tail = tl.load(c16[:, None] + jt[None, :], mask=m[:, None])
                 else:
-                    lo = tl.load(cache_ptr + src[:, None] + 2 * j[None, :], mask=m[:, None],
+                    lo = tl.load(cache_ptr + src[:, None] + 2 * jt[None, :], mask=m[:, None],
                                  other=0).to(tl.int32)
-                    hi = tl.load(cache_ptr + src[:, None] + 2 * j[None, :] + 1, mask=m[:, None],
+                    hi = tl.load(cache_ptr + src[:, None] + 2 * jt[None, :] + 1, mask=m[:, None],
                                  other=0).to(tl.int32)
                     tail = (lo | (hi << 8)).to(tl.int16)
-                tl.store(o16 + orow[:, None] + NQ * G + j[None, :], tail, mask=m[:, None])
+                tl.store(o16 + orow[:, None] + NQ * G + jt[None, :], tail, mask=m[:, None])
 
 
 def dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_table, block_size,
@@ -500,125 +596,101 @@ _MODE_584, _MODE_528, _MODE_288, _MODE_BF16, _MODE_FP8 = 0, 1, 2, 3, 4
 @triton.jit
 def _rope_quant_insert_kernel(
     lat_ptr, lat_s0, pos_ptr, cs_ptr, cs_s0, cache_ptr, page_stride, row_stride, slot_ptr,
-    scale_ptr, T, block_size, CR,
-    MODE: tl.constexpr, SANITIZE: tl.constexpr, TAIL_I16: tl.constexpr, SOFT: tl.constexpr,
-    EXACT_LOG2: tl.constexpr, BLOCK_T: tl.constexpr,
+    scale_ptr, T, block_size,
+    CR: tl.constexpr, MODE: tl.constexpr, SANITIZE: tl.constexpr, TAIL_I16: tl.constexpr,
+    SOFT: tl.constexpr, EXACT_LOG2: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < T
-    slot = tl.load(slot_ptr + t, mask=tmask, other=-1).to(tl.int64)
+    valid, page, tok = _slot_page(slot_ptr, t, T, block_size, page_stride)
     pos = tl.load(pos_ptr + t, mask=tmask, other=0).to(tl.int64)
-    valid = tmask & (slot >= 0) & ((pos + 1) % CR == 0)
+    if CR > 1:
+        valid = valid & ((pos + 1) % CR == 0)
+        rmask = valid  # tokens that do not close a group are not read
+    else:
+        rmask = tmask  # rows load without waiting for the slot load (skipped: never stored)
     crow = (pos // CR) * CR * cs_s0  # cos/sin row of the group's first position
-    bs = block_size.to(tl.int64)
-    tok = slot % bs
-    page = (slot // bs) * page_stride
-    t64 = t.to(tl.int64)
-    lrow = t64 * lat_s0
+    lrow = t.to(tl.int64) * lat_s0
+    d = tl.arange(0, 512)
+    nmask = valid[:, None] & (d < 448)[None, :]
+    # NoPE dims 0..447 (a 512-wide tile, dims >= 448 masked off) and the 64 RoPE dims
+    xn = tl.load(lat_ptr + lrow[:, None] + d[None, :],
+                 mask=rmask[:, None] & (d < 448)[None, :], other=0.0).to(tl.float32)
+    re, ro = _rope_tile(lat_ptr, lrow, 448, cs_ptr, crow, rmask, SANITIZE, BLOCK_T)
+    jr = tl.arange(0, 64)
 
     if MODE == 0:
-        # 584: NoPE quantized from the unrotated latent (7 groups of 64), pad code 0;
+        # 584: NoPE quantized from the *unrotated* latent (7 groups of 64), pad code 0;
         # RoPE dims rotated and stored as bf16.
-        d = tl.arange(0, 512)
-        qmask = valid[:, None] & (d < 448)[None, :]
-        x = tl.load(lat_ptr + lrow[:, None] + d[None, :], mask=qmask, other=0.0).to(tl.float32)
-        x3 = tl.reshape(x, (BLOCK_T, 8, 64))
+        x3 = tl.reshape(xn, (BLOCK_T, 8, 64))
         mult, code = _ue8m0_scale(tl.max(_nan_abs(x3), axis=2), 448.0, EXACT_LOG2, SANITIZE)
         q = _ue8m0_apply(x3, mult[:, :, None], 448.0, False, SOFT)
         vbase = page + tok * 576
         tl.store(cache_ptr + vbase[:, None] + d[None, :], tl.reshape(q, (BLOCK_T, 512)),
-                 mask=qmask)
+                 mask=nmask)
         g = tl.arange(0, 8)
         code = tl.where((g < 7)[None, :], code, 0)
-        tl.store(cache_ptr + (page + bs * 576 + tok * 8)[:, None] + g[None, :], code.to(tl.uint8),
+        tl.store(cache_ptr + (page + block_size * 576 + tok * 8)[:, None] + g[None, :],
+                 code.to(tl.uint8), mask=valid[:, None])
+        bits = _bf16_bits(tl.reshape(tl.join(re, ro), (BLOCK_T, 64)), SOFT)
+        _store_i16(cache_ptr, vbase + 448, jr, bits, valid, TAIL_I16)
+    elif MODE == 1:
+        # 528: rotated fp32 row in 16 UE8M0 groups of 32 (14 NoPE groups + 2 RoPE groups)
+        ne, no = _nope_pairs(tl.reshape(xn, (BLOCK_T, 16, 16, 2)), SANITIZE)
+        qn, cn = _ue8m0_pairs(ne, no, EXACT_LOG2, SANITIZE, SOFT)
+        vbase = page + tok * 512
+        tl.store(cache_ptr + vbase[:, None] + d[None, :], tl.reshape(qn, (BLOCK_T, 512)),
+                 mask=nmask)
+        qr, cr = _ue8m0_pairs(tl.reshape(re, (BLOCK_T, 2, 16)), tl.reshape(ro, (BLOCK_T, 2, 16)),
+                              EXACT_LOG2, SANITIZE, SOFT)
+        tl.store(cache_ptr + (vbase + 448)[:, None] + jr[None, :], tl.reshape(qr, (BLOCK_T, 64)),
                  mask=valid[:, None])
-        jr = tl.arange(0, 64)
-        xr = tl.load(lat_ptr + lrow[:, None] + 448 + jr[None, :], mask=valid[:, None],
-                     other=0.0).to(tl.float32)
-        e, o = tl.split(tl.reshape(xr, (BLOCK_T, 32, 2)))
-        i = tl.arange(0, 32)
-        c = tl.load(cs_ptr + crow[:, None] + i[None, :], mask=valid[:, None], other=1.0).to(tl.float32)
-        s = tl.load(cs_ptr + crow[:, None] + 32 + i[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-        e2, o2 = _rope(e, o, c, s)
-        rot = tl.reshape(tl.join(e2, o2), (BLOCK_T, 64))
-        if SANITIZE:
-            rot = tl.where(rot != rot, 0.0, rot)
-        bits = _bf16_bits(rot, SOFT)
-        dst = vbase + 448
-        if TAIL_I16:
-            c16 = (cache_ptr + dst).to(tl.pointer_type(tl.int16))
-            tl.store(c16[:, None] + jr[None, :], bits, mask=valid[:, None])
-        else:
-            bi = bits.to(tl.int32)
-            tl.store(cache_ptr + dst[:, None] + 2 * jr[None, :], (bi & 0xFF).to(tl.uint8),
-                     mask=valid[:, None])
-            tl.store(cache_ptr + dst[:, None] + 2 * jr[None, :] + 1,
-                     ((bi >> 8) & 0xFF).to(tl.uint8), mask=valid[:, None])
+        sbase = page + block_size * 512 + tok * 16
+        g = tl.arange(0, 16)
+        tl.store(cache_ptr + sbase[:, None] + g[None, :], cn.to(tl.uint8),
+                 mask=valid[:, None] & (g < 14)[None, :])
+        g2 = tl.arange(0, 2)
+        tl.store(cache_ptr + (sbase + 14)[:, None] + g2[None, :], cr.to(tl.uint8),
+                 mask=valid[:, None])
+    elif MODE == 2:
+        # 288: NVFP4 groups of 16 (28 NoPE groups + 4 RoPE groups), e4m3 scale bytes
+        ne, no = _nope_pairs(tl.reshape(xn, (BLOCK_T, 32, 8, 2)), SANITIZE)
+        pn, sn = _nvfp4_pairs(ne, no, SOFT)
+        vbase = page + tok * 256
+        kb = tl.arange(0, 256)
+        tl.store(cache_ptr + vbase[:, None] + kb[None, :], tl.reshape(pn, (BLOCK_T, 256)),
+                 mask=valid[:, None] & (kb < 224)[None, :])
+        pr, sr = _nvfp4_pairs(tl.reshape(re, (BLOCK_T, 4, 8)), tl.reshape(ro, (BLOCK_T, 4, 8)),
+                              SOFT)
+        kr = tl.arange(0, 32)
+        tl.store(cache_ptr + (vbase + 224)[:, None] + kr[None, :], tl.reshape(pr, (BLOCK_T, 32)),
+                 mask=valid[:, None])
+        sbase = page + block_size * 256 + tok * 32
+        g = tl.arange(0, 32)
+        tl.store(cache_ptr + sbase[:, None] + g[None, :], sn,
+                 mask=valid[:, None] & (g < 28)[None, :])
+        g4 = tl.arange(0, 4)
+        tl.store(cache_ptr + (sbase + 28)[:, None] + g4[None, :], sr, mask=valid[:, None])
     else:
-        # every pair goes through the rotation; NoPE pairs with (cos, sin) = (1, 0) (finding 2)
-        d = tl.arange(0, 512)
-        x = tl.load(lat_ptr + lrow[:, None] + d[None, :], mask=valid[:, None],
-                    other=0.0).to(tl.float32)
-        if MODE == 2:
-            NG: tl.constexpr = 32
-            HG: tl.constexpr = 8
+        ne, no = _nope_pairs(tl.reshape(xn, (BLOCK_T, 256, 2)), SANITIZE)
+        nbits = _bf16_bits(tl.reshape(tl.join(ne, no), (BLOCK_T, 512)), SOFT)
+        rbits = _bf16_bits(tl.reshape(tl.join(re, ro), (BLOCK_T, 64)), SOFT)
+        rbase = page + tok * row_stride
+        if MODE == 3:
+            c16 = cache_ptr.to(tl.pointer_type(tl.int16))
+            tl.store(c16 + rbase[:, None] + d[None, :], nbits, mask=nmask)
+            tl.store(c16 + (rbase + 448)[:, None] + jr[None, :], rbits, mask=valid[:, None])
         else:
-            NG: tl.constexpr = 16
-            HG: tl.constexpr = 16
-        e, o = tl.split(tl.reshape(x, (BLOCK_T, NG, HG, 2)))
-        p = (tl.arange(0, NG)[:, None] * HG + tl.arange(0, HG)[None, :])[None, :, :]
-        rp = p >= 224
-        cmask = valid[:, None, None] & rp
-        c = tl.load(cs_ptr + crow[:, None, None] + (p - 224), mask=cmask, other=1.0).to(tl.float32)
-        s = tl.load(cs_ptr + crow[:, None, None] + 32 + (p - 224), mask=cmask,
-                    other=0.0).to(tl.float32)
-        e2, o2 = _rope(e, o, c, s)
-        if SANITIZE:
-            e2 = tl.where(e2 != e2, 0.0, e2)
-            o2 = tl.where(o2 != o2, 0.0, o2)
-        if MODE == 1:
-            # 528: rotated fp32 row in 16 UE8M0 groups of 32
-            amax = tl.maximum(tl.max(_nan_abs(e2), axis=2), tl.max(_nan_abs(o2), axis=2))
-            mult, code = _ue8m0_scale(amax, 448.0, EXACT_LOG2, SANITIZE)
-            qe = _ue8m0_apply(e2, mult[:, :, None], 448.0, False, SOFT)
-            qo = _ue8m0_apply(o2, mult[:, :, None], 448.0, False, SOFT)
-            q = tl.reshape(tl.join(qe, qo), (BLOCK_T, 512))
-            tl.store(cache_ptr + (page + tok * 512)[:, None] + d[None, :], q, mask=valid[:, None])
-            g = tl.arange(0, 16)
-            tl.store(cache_ptr + (page + bs * 512 + tok * 16)[:, None] + g[None, :],
-                     code.to(tl.uint8), mask=valid[:, None])
-        elif MODE == 2:
-            # 288: NVFP4 groups of 16, e4m3 scale bytes (spec §2.3)
-            amax = tl.maximum(tl.max(_nan_abs(e2), axis=2), tl.max(_nan_abs(o2), axis=2))
-            sf = tl.minimum(tl.maximum(amax * (1.0 / 6.0), 0.001953125), 448.0)
-            sb = _e4m3_encode(sf, False, SOFT)
-            S = _e4m3_decode(sb, False, SOFT)[:, :, None]
-            ce = _e2m1_code(tl.math.div_rn(e2, S))
-            co = _e2m1_code(tl.math.div_rn(o2, S))
-            ce = tl.where(e2 != e2, 7, ce)
-            co = tl.where(o2 != o2, 7, co)
-            packed = tl.reshape((ce | (co << 4)).to(tl.uint8), (BLOCK_T, 256))
-            kb = tl.arange(0, 256)
-            tl.store(cache_ptr + (page + tok * 256)[:, None] + kb[None, :], packed,
+            # fp8 rows: e4m3(clamp448(fp32(bf16(x')) * fl32(1 / scale)))
+            inv = tl.math.div_rn(1.0, tl.load(scale_ptr))
+            yn = (nbits.to(tl.int32) << 16).to(tl.float32, bitcast=True) * inv
+            yn = tl.where(yn != yn, 448.0, tl.minimum(tl.maximum(yn, -448.0), 448.0))
+            yr = (rbits.to(tl.int32) << 16).to(tl.float32, bitcast=True) * inv
+            yr = tl.where(yr != yr, 448.0, tl.minimum(tl.maximum(yr, -448.0), 448.0))
+            c8 = cache_ptr.to(tl.pointer_type(tl.uint8))
+            tl.store(c8 + rbase[:, None] + d[None, :], _e4m3_encode(yn, False, SOFT), mask=nmask)
+            tl.store(c8 + (rbase + 448)[:, None] + jr[None, :], _e4m3_encode(yr, False, SOFT),
                      mask=valid[:, None])
-            g = tl.arange(0, 32)
-            tl.store(cache_ptr + (page + bs * 256 + tok * 32)[:, None] + g[None, :], sb,
-                     mask=valid[:, None])
-        else:
-            rot = tl.reshape(tl.join(e2, o2), (BLOCK_T, 512))
-            bits = _bf16_bits(rot, SOFT)
-            rbase = page + tok * row_stride
-            if MODE == 3:
-                c16 = cache_ptr.to(tl.pointer_type(tl.int16))
-                tl.store(c16 + rbase[:, None] + d[None, :], bits, mask=valid[:, None])
-            else:
-                # fp8 rows: e4m3(clamp448(fp32(bf16(x')) * fl32(1 / scale)))
-                inv = tl.math.div_rn(1.0, tl.load(scale_ptr))
-                y = (bits.to(tl.int32) << 16).to(tl.float32, bitcast=True) * inv
-                y = tl.where(y != y, 448.0, tl.minimum(tl.maximum(y, -448.0), 448.0))
-                c8 = cache_ptr.to(tl.pointer_type(tl.uint8))
-                tl.store(c8 + rbase[:, None] + d[None, :], _e4m3_encode(y, False, SOFT),
-                         mask=valid[:, None])
 
 
 def rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio,
@@ -630,20 +702,19 @@ def rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, 
     if kv_cache.dtype == torch.uint8:
         mode = {584: _MODE_584, 528: _MODE_528, 288: _MODE_288}[kv_cache.shape[-1]]
         cache = kv_cache
-        row_stride = kv_cache.stride(1)
     elif kv_cache.dtype == torch.bfloat16:
-        mode, cache, row_stride = _MODE_BF16, kv_cache, kv_cache.stride(1)
+        mode, cache = _MODE_BF16, kv_cache
     else:
-        mode, cache, row_stride = _MODE_FP8, kv_cache.view(torch.uint8), kv_cache.stride(1)
+        mode, cache = _MODE_FP8, kv_cache.view(torch.uint8)
     page_stride = kv_cache.stride(0)
     BT = CONFIG["block_t"]["rope"]
     _rope_quant_insert_kernel[(triton.cdiv(T, BT),)](
         latent, latent.stride(0), positions, cos_sin_cache, cos_sin_cache.stride(0), cache,
-        page_stride, row_stride, slot_mapping,
-        fp8_scale if fp8_scale is not None else slot_mapping, T, B, compress_ratio,
-        MODE=mode, SANITIZE=bool(sanitize_nans), TAIL_I16=_i16_ok(kv_cache, page_stride),
-        SOFT=_soft(kv_cache), EXACT_LOG2=_exact_log2(), BLOCK_T=BT,
-        num_warps=CONFIG["num_warps"]["rope"],
+        page_stride, kv_cache.stride(1), slot_mapping,
+        fp8_scale if fp8_scale is not None else slot_mapping, T, B,
+        CR=int(compress_ratio), MODE=mode, SANITIZE=bool(sanitize_nans),
+        TAIL_I16=_i16_ok(kv_cache, page_stride), SOFT=_soft(kv_cache), EXACT_LOG2=_exact_log2(),
+        BLOCK_T=BT, num_warps=CONFIG["num_warps"]["rope"],
     )
 
 
@@ -653,85 +724,120 @@ def rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, 
 
 
 @triton.jit
+def _indexer_store_fp4(cache_ptr, page, o1, blk0, packed, code, block_size, valid,
+                       TILED: tl.constexpr, NPT: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Two MXFP4 blocks (32 packed bytes, 2 ue8m0 codes) of block index ``blk0``, ``blk0+1``."""
+    b = blk0 * 16 + tl.arange(0, 32)[None, :]
+    if TILED:
+        voff = (o1 // NPT) * (NPT * 64) + (b // 16) * (NPT * 16) + (o1 % NPT) * 16 + b % 16
+    else:
+        voff = o1 * 64 + b
+    tl.store(cache_ptr + page[:, None] + voff, tl.reshape(packed, (BLOCK_T, 32)),
+             mask=valid[:, None])
+    sidx = blk0 + tl.arange(0, 2)[None, :]
+    if TILED:
+        S_LO: tl.constexpr = 64 // NPT
+        S_HI: tl.constexpr = 4 // S_LO
+        soff = ((o1 // NPT) * (NPT * 4) + (sidx % S_LO) * (NPT * S_HI) + (o1 % NPT) * S_HI
+                + sidx // S_LO)
+    else:
+        soff = o1 * 4 + sidx
+    tl.store(cache_ptr + page[:, None] + block_size * 64 + soff, code.to(tl.uint8),
+             mask=valid[:, None])
+
+
+@triton.jit
+def _indexer_store_fp8(cache_ptr, page, o1, d0, q, valid, TILED: tl.constexpr,
+                       BLOCK_T: tl.constexpr):
+    """64 e4m3 bytes of dims ``[d0, d0+64)`` (row-major or ROCm 16x16 tiles)."""
+    dd = d0 + tl.arange(0, 64)[None, :]
+    if TILED:
+        voff = (o1 // 16) * 2048 + (dd // 16) * 256 + (o1 % 16) * 16 + dd % 16
+    else:
+        voff = o1 * 128 + dd
+    tl.store(cache_ptr + page[:, None] + voff, tl.reshape(q, (BLOCK_T, 64)), mask=valid[:, None])
+
+
+@triton.jit
 def _indexer_k_kernel(
     k_ptr, k_s0, pos_ptr, cs_ptr, cs_s0, w_ptr, eps, cache_ptr, page_stride, slot_ptr, T,
-    block_size, CR,
-    FP4: tl.constexpr, TILED: tl.constexpr, NPT: tl.constexpr, SOFT: tl.constexpr,
-    EXACT_LOG2: tl.constexpr, BLOCK_T: tl.constexpr,
+    block_size,
+    CR: tl.constexpr, FP4: tl.constexpr, TILED: tl.constexpr, NPT: tl.constexpr,
+    SOFT: tl.constexpr, EXACT_LOG2: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < T
-    slot = tl.load(slot_ptr + t, mask=tmask, other=-1).to(tl.int64)
+    valid, page, o = _slot_page(slot_ptr, t, T, block_size, page_stride)
     pos = tl.load(pos_ptr + t, mask=tmask, other=0).to(tl.int64)
-    valid = tmask & (slot >= 0) & ((pos + 1) % CR == 0)
+    if CR > 1:
+        valid = valid & ((pos + 1) % CR == 0)
+        rmask = valid  # tokens that do not close a group are not read
+    else:
+        rmask = tmask  # rows load without waiting for the slot load (skipped: never stored)
     crow = (pos // CR) * CR * cs_s0
-    bs = block_size.to(tl.int64)
-    o = slot % bs
-    page = (slot // bs) * page_stride
-
-    d = tl.arange(0, 128)
-    x = tl.load(k_ptr + (t.to(tl.int64) * k_s0)[:, None] + d[None, :], mask=valid[:, None],
-                other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + d).to(tl.float32)
+    krow = t.to(tl.int64) * k_s0
+    # NoPE dims 0..63 and RoPE dims 64..127, fp32
+    j = tl.arange(0, 64)
+    xn = tl.load(k_ptr + krow[:, None] + j[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+    xr = tl.load(k_ptr + krow[:, None] + 64 + j[None, :], mask=rmask[:, None],
+                 other=0.0).to(tl.float32)
+    wn = tl.load(w_ptr + j).to(tl.float32)
+    wr = tl.load(w_ptr + 64 + j).to(tl.float32)
     # RMSNorm: sum of squares in float64 rounded once, exact /128, correctly rounded rsqrt
-    x64 = x.to(tl.float64)
-    ss = tl.sum(x64 * x64, axis=1).to(tl.float32)
-    v = ss * 0.0078125 + eps
-    r = _rsqrt_rn(v)
-    kn = _bf16_round((x * r[:, None]) * w[None, :], SOFT)
-    # RoPE on pairs 32..63 at the group's first position; NoPE pairs (1, 0)
-    e, od = tl.split(tl.reshape(kn, (BLOCK_T, 4, 16, 2)))
-    p = (tl.arange(0, 4)[:, None] * 16 + tl.arange(0, 16)[None, :])[None, :, :]
-    cmask = valid[:, None, None] & (p >= 32)
-    c = tl.load(cs_ptr + crow[:, None, None] + (p - 32), mask=cmask, other=1.0).to(tl.float32)
-    s = tl.load(cs_ptr + crow[:, None, None] + 32 + (p - 32), mask=cmask, other=0.0).to(tl.float32)
-    e2, o2 = _rope(e, od, c, s)
-    e2 = _bf16_round(e2, SOFT)
-    o2 = _bf16_round(o2, SOFT)
+    n64 = xn.to(tl.float64)
+    r64 = xr.to(tl.float64)
+    ss = (tl.sum(n64 * n64, axis=1) + tl.sum(r64 * r64, axis=1)).to(tl.float32)
+    r = _rsqrt_rn(ss * 0.0078125 + eps)[:, None]
+    kn = _bf16_round((xn * r) * wn[None, :], SOFT)
+    kr = _bf16_round((xr * r) * wr[None, :], SOFT)
+    # NoPE pairs through (1, 0), RoPE pairs at the group's first position; bf16 round trip
+    ne, no = _nope_pairs(tl.reshape(kn, (BLOCK_T, 32, 2)), False)
+    e, od = tl.split(tl.reshape(kr, (BLOCK_T, 32, 2)))
+    i = tl.arange(0, 32)
+    c = tl.load(cs_ptr + crow[:, None] + i[None, :], mask=rmask[:, None], other=1.0).to(tl.float32)
+    s = tl.load(cs_ptr + crow[:, None] + 32 + i[None, :], mask=rmask[:, None],
+                other=0.0).to(tl.float32)
+    re, ro = _rope(e, od, c, s)
+    ne = tl.reshape(_bf16_round(ne, SOFT), (BLOCK_T, 2, 16))
+    no = tl.reshape(_bf16_round(no, SOFT), (BLOCK_T, 2, 16))
+    re = tl.reshape(_bf16_round(re, SOFT), (BLOCK_T, 2, 16))
+    ro = tl.reshape(_bf16_round(ro, SOFT), (BLOCK_T, 2, 16))
     o1 = o[:, None]
     if FP4:
-        # MXFP4: 4 blocks of 32 dims, ue8m0 codes (spec §1.8)
-        amax = tl.maximum(tl.max(_nan_abs(e2), axis=2), tl.max(_nan_abs(o2), axis=2))
-        amax = tl.maximum(amax, 7.052966104933726e-38)  # 6 * 2^-126
-        ex = tl.minimum(tl.maximum(_ceil_log2(amax * (1.0 / 6.0), EXACT_LOG2), -127.0), 127.0)
-        mult = _exp2i(_neg(ex))[:, :, None]
-        packed = tl.reshape((_e2m1_code(e2 * mult) | (_e2m1_code(o2 * mult) << 4)).to(tl.uint8),
-                            (BLOCK_T, 64))
-        b = tl.arange(0, 64)[None, :]
-        if TILED:
-            voff = (o1 // NPT) * (NPT * 64) + (b // 16) * (NPT * 16) + (o1 % NPT) * 16 + b % 16
-        else:
-            voff = o1 * 64 + b
-        tl.store(cache_ptr + page[:, None] + voff, packed, mask=valid[:, None])
-        sidx = tl.arange(0, 4)[None, :]
-        if TILED:
-            S_LO: tl.constexpr = 64 // NPT
-            S_HI: tl.constexpr = 4 // S_LO
-            soff = ((o1 // NPT) * (NPT * 4) + (sidx % S_LO) * (NPT * S_HI) + (o1 % NPT) * S_HI
-                    + sidx // S_LO)
-        else:
-            soff = o1 * 4 + sidx
-        tl.store(cache_ptr + page[:, None] + bs * 64 + soff, (ex + 127.0).to(tl.int32).to(tl.uint8),
-                 mask=valid[:, None])
+        # MXFP4: 4 blocks of 32 dims (2 NoPE + 2 RoPE), ue8m0 codes (spec §1.8)
+        an = tl.maximum(tl.max(_nan_abs(ne), axis=2), tl.max(_nan_abs(no), axis=2))
+        ar = tl.maximum(tl.max(_nan_abs(re), axis=2), tl.max(_nan_abs(ro), axis=2))
+        xn_ = tl.minimum(tl.maximum(_ceil_log2(tl.maximum(an, 7.052966104933726e-38) * (1.0 / 6.0),
+                                               EXACT_LOG2), -127.0), 127.0)
+        xr_ = tl.minimum(tl.maximum(_ceil_log2(tl.maximum(ar, 7.052966104933726e-38) * (1.0 / 6.0),
+                                               EXACT_LOG2), -127.0), 127.0)
+        mn = _exp2i(_neg(xn_))[:, :, None]
+        mr = _exp2i(_neg(xr_))[:, :, None]
+        pn = (_e2m1_code(ne * mn) | (_e2m1_code(no * mn) << 4)).to(tl.uint8)
+        pr = (_e2m1_code(re * mr) | (_e2m1_code(ro * mr) << 4)).to(tl.uint8)
+        _indexer_store_fp4(cache_ptr, page, o1, 0, pn, (xn_ + 127.0).to(tl.int32), block_size,
+                           valid, TILED, NPT, BLOCK_T)
+        _indexer_store_fp4(cache_ptr, page, o1, 2, pr, (xr_ + 127.0).to(tl.int32), block_size,
+                           valid, TILED, NPT, BLOCK_T)
     else:
         # FP8: one block of 128, OCP e4m3fn / 448, fp32 scale 2^e (little-endian bytes)
-        amax = tl.maximum(tl.max(tl.max(_nan_abs(e2), axis=2), axis=1),
-                          tl.max(tl.max(_nan_abs(o2), axis=2), axis=1))
-        ex = _ceil_log2(tl.maximum(amax, 1e-4) * (1.0 / 448.0), EXACT_LOG2)
-        mult = _exp2i(_neg(ex))[:, None, None]
-        qe = _e4m3_encode(_clamp_sym(e2 * mult, 448.0), False, SOFT)
-        qo = _e4m3_encode(_clamp_sym(o2 * mult, 448.0), False, SOFT)
-        q = tl.reshape(tl.join(qe, qo), (BLOCK_T, 128))
-        dd = d[None, :]
-        if TILED:
-            voff = (o1 // 16) * 2048 + (dd // 16) * 256 + (o1 % 16) * 16 + dd % 16
-        else:
-            voff = o1 * 128 + dd
-        tl.store(cache_ptr + page[:, None] + voff, q, mask=valid[:, None])
+        an = tl.maximum(tl.max(tl.max(_nan_abs(ne), axis=2), axis=1),
+                        tl.max(tl.max(_nan_abs(no), axis=2), axis=1))
+        ar = tl.maximum(tl.max(tl.max(_nan_abs(re), axis=2), axis=1),
+                        tl.max(tl.max(_nan_abs(ro), axis=2), axis=1))
+        ex = _ceil_log2(tl.maximum(tl.maximum(an, ar), 1e-4) * (1.0 / 448.0), EXACT_LOG2)
+        m3 = _exp2i(_neg(ex))[:, None, None]
+        qn = tl.join(_e4m3_encode(_clamp_sym(ne * m3, 448.0), False, SOFT),
+                     _e4m3_encode(_clamp_sym(no * m3, 448.0), False, SOFT))
+        qr = tl.join(_e4m3_encode(_clamp_sym(re * m3, 448.0), False, SOFT),
+                     _e4m3_encode(_clamp_sym(ro * m3, 448.0), False, SOFT))
+        _indexer_store_fp8(cache_ptr, page, o1, 0, qn, valid, TILED, BLOCK_T)
+        _indexer_store_fp8(cache_ptr, page, o1, 64, qr, valid, TILED, BLOCK_T)
         sbits = _exp2i(ex).to(tl.int32, bitcast=True)
         jb = tl.arange(0, 4)[None, :]
         sbytes = ((sbits[:, None] >> (8 * jb)) & 0xFF).to(tl.uint8)
-        tl.store(cache_ptr + page[:, None] + bs * 128 + o1 * 4 + jb, sbytes, mask=valid[:, None])
+        tl.store(cache_ptr + page[:, None] + block_size * 128 + o1 * 4 + jb, sbytes,
+                 mask=valid[:, None])
 
 
 def indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps,
@@ -745,8 +851,9 @@ def indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, rms_norm_weight, 
     _indexer_k_kernel[(triton.cdiv(T, BT),)](
         k_pre, k_pre.stride(0), positions, cos_sin_cache, cos_sin_cache.stride(0),
         rms_norm_weight, float(rms_norm_eps), k_cache, k_cache.stride(0), kv_slot_mapping, T,
-        k_cache.shape[1], compress_ratio,
-        FP4=fp4, TILED=bool(tiled), NPT=int(mxfp4_n_per_tile) if (fp4 and tiled) else 16,
+        k_cache.shape[1],
+        CR=int(compress_ratio), FP4=fp4, TILED=bool(tiled),
+        NPT=int(mxfp4_n_per_tile) if (fp4 and tiled) else 16,
         SOFT=_soft(k_cache), EXACT_LOG2=_exact_log2(), BLOCK_T=BT,
         num_warps=CONFIG["num_warps"]["indexer"],
     )
@@ -763,8 +870,7 @@ def _rmsnorm_store(x, w_ptr, eps, out_ptr, out_s0, t, valid, SOFT: tl.constexpr)
     d = tl.arange(0, 512)
     x64 = x.to(tl.float64)
     ss = tl.sum(x64 * x64, axis=1).to(tl.float32)
-    var = ss * 0.001953125 + eps
-    r = _rsqrt_rn(var)
+    r = _rsqrt_rn(ss * 0.001953125 + eps)
     w = tl.load(w_ptr + d).to(tl.float32)
     y = (x * r[:, None]) * w[None, :]
     o16 = out_ptr.to(tl.pointer_type(tl.int16))
@@ -780,32 +886,43 @@ def _compress_norm_kernel(
 ):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < T
-    slot = tl.load(slot_ptr + t, mask=tmask, other=-1).to(tl.int64)
+    slot = tl.load(slot_ptr + t, mask=tmask, other=-1)
     d = tl.arange(0, 512)
     t64 = t.to(tl.int64)
     if CR == 1:
         valid = tmask & (slot >= 0)
-        x = tl.load(kv_ptr + (t64 * kv_s0)[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+        x = tl.load(kv_ptr + (t64 * kv_s0)[:, None] + d[None, :], mask=tmask[:, None], other=0.0)
     else:
-        pos = tl.load(pos_ptr + t, mask=tmask, other=0).to(tl.int64)
+        pos = tl.load(pos_ptr + t, mask=tmask, other=0)
         valid = tmask & (slot >= 0) & (pos % 2 == 1)
         req = tl.load(t2r_ptr + t, mask=valid, other=0)
         q0 = tl.load(qsl_ptr + req, mask=valid, other=0)
         in_m = (valid & (t != q0))[:, None]
         ring_m = (valid & (t == q0))[:, None]
         # older row: the previous token's row, or the ring row the previous chunk stored
+        # (ring slots < 2^31: int32 split)
+        s32 = tl.where(valid, slot, 0).to(tl.int32)
+        rb = s32 // cap
+        rr = (pos.to(tl.int32) - 1) % cap
+        # the input rows load for every t < T (row t - 1 too: it is row t of the previous
+        # token, an L1/L2 hit), so they do not wait for the slot / request loads
+        pm = (tmask & (t > 0))[:, None]
         prev = ((t64 - 1) * kv_s0)[:, None] + d[None, :]
-        ring = ((slot // cap) * st_s0 + ((pos - 1) % cap) * st_s1)[:, None] + d[None, :]
-        kva = tl.where(in_m, tl.load(kv_ptr + prev, mask=in_m, other=0.0),
+        ring = (rb.to(tl.int64) * st_s0 + rr.to(tl.int64) * st_s1)[:, None] + d[None, :]
+        kva = tl.where(in_m, tl.load(kv_ptr + prev, mask=pm, other=0.0),
                        tl.load(st_ptr + ring, mask=ring_m, other=0.0))
-        sa = tl.where(in_m, tl.load(kv_ptr + prev + 512, mask=in_m, other=0.0),
+        sa = tl.where(in_m, tl.load(kv_ptr + prev + 512, mask=pm, other=0.0),
                       tl.load(st_ptr + ring + 512, mask=ring_m, other=0.0))
         cur = (t64 * kv_s0)[:, None] + d[None, :]
-        kvb = tl.load(kv_ptr + cur, mask=valid[:, None], other=0.0)
-        sb = tl.load(kv_ptr + cur + 512, mask=valid[:, None], other=0.0)
-        mx = tl.maximum(sa, sb)
-        ea = _exp2_rn((sa - mx) * 1.4426950408889634)
-        eb = _exp2_rn((sb - mx) * 1.4426950408889634)
+        kvb = tl.load(kv_ptr + cur, mask=tmask[:, None], other=0.0)
+        sb = tl.load(kv_ptr + cur + 512, mask=tmask[:, None], other=0.0)
+        # softmax over the two rows: the larger score's weight is exp(0) = 1, the other
+        # exp(-|sa - sb|) (sb - sa == -(sa - sb) exactly); a NaN score makes both NaN
+        z = _neg(tl.abs(sa - sb))
+        small = tl.where(z != z, z, _exp2_rn(z * 1.4426950408889634))
+        ge = sa >= sb
+        ea = tl.where(z != z, small, tl.where(ge, 1.0, small))
+        eb = tl.where(z != z, small, tl.where(ge, small, 1.0))
         den = ea + eb
         wa = tl.math.div_rn(ea, den)
         wb = tl.math.div_rn(eb, den)
@@ -901,7 +1018,7 @@ def _register_aot() -> None:
                     NG=16 if v41 else 8, G=32 if v41 else 64, NQ=16 if v41 else 7,
                     VB=512 if v41 else 576, SB=16 if v41 else 8, HAS_TAIL=not v41, TAIL_I16=True,
                     FNUZ=fnuz, SOFT=soft, EXACT_LOG2=True, BLOCK_T=bt["insert"]),
-                    targets, nw["insert"], ("k_ptr", "cache_ptr", "page_stride", "block_size"))
+                    targets, nw["insert"], ("k_ptr", "k_stride", "cache_ptr", "page_stride", "block_size"))
 
     gat_t = {"out_ptr": "*bf16", "out_s0": "i32", "out_s1": "i32", "cache_ptr": "*u8",
              "page_stride": "i32", "seq_lens_ptr": "*i32", "gather_lens_ptr": "*i32",
@@ -912,12 +1029,11 @@ def _register_aot() -> None:
                 add(_gather_kernel, f"{rec},{'fnuz' if fnuz else 'ocp'},{flav}", gat_t, dict(
                     REC=rec, HAS_GL=True, TAIL_I16=True, FNUZ=fnuz, SOFT=soft,
                     BLOCK_T=bt["gather"]), targets, nw["gather"],
-                    ("out_ptr", "cache_ptr", "page_stride", "block_size"))
+                    ("out_ptr", "out_s0", "out_s1", "cache_ptr", "page_stride", "block_size"))
 
     rope_t = {"lat_ptr": "*bf16", "lat_s0": "i32", "pos_ptr": "*i64", "cs_ptr": "*fp32",
               "cs_s0": "i32", "cache_ptr": "*u8", "page_stride": "i32", "row_stride": "i32",
-              "slot_ptr": "*i64", "scale_ptr": "*fp32", "T": "i32", "block_size": "i32",
-              "CR": "i32"}
+              "slot_ptr": "*i64", "scale_ptr": "*fp32", "T": "i32", "block_size": "i32"}
     for mode, name in ((_MODE_584, "584"), (_MODE_528, "528"), (_MODE_288, "288"),
                        (_MODE_BF16, "bf16rows"), (_MODE_FP8, "fp8rows")):
         types = dict(rope_t, cache_ptr="*bf16" if mode == _MODE_BF16 else "*u8")
@@ -925,22 +1041,23 @@ def _register_aot() -> None:
             for t in targets:
                 sanitize = t == "gfx950" and mode in (_MODE_584, _MODE_528)
                 add(_rope_quant_insert_kernel, f"{name},{flav},{t}", types, dict(
-                    MODE=mode, SANITIZE=sanitize, TAIL_I16=True, SOFT=soft, EXACT_LOG2=True,
-                    BLOCK_T=bt["rope"]), (t,), nw["rope"], ("lat_ptr", "cache_ptr", "page_stride"))
+                    CR=1, MODE=mode, SANITIZE=sanitize, TAIL_I16=True, SOFT=soft, EXACT_LOG2=True,
+                    BLOCK_T=bt["rope"]), (t,), nw["rope"], ("lat_ptr", "lat_s0", "cs_ptr", "cs_s0", "cache_ptr", "page_stride",
+                                                 "row_stride", "block_size"))
 
     idx_t = {"k_ptr": "*bf16", "k_s0": "i32", "pos_ptr": "*i64", "cs_ptr": "*fp32",
              "cs_s0": "i32", "w_ptr": "*bf16", "eps": "fp32", "cache_ptr": "*u8",
-             "page_stride": "i32", "slot_ptr": "*i64", "T": "i32", "block_size": "i32",
-             "CR": "i32"}
+             "page_stride": "i32", "slot_ptr": "*i64", "T": "i32", "block_size": "i32"}
     layouts = [(_CUDA, False, "native", False, False, 16), (_CUDA, False, "native", True, False, 16)]
     layouts += [(_HIP, True, "soft", fp4, tiled, npt)
                 for fp4, tiled, npt in ((False, False, 16), (True, False, 16), (False, True, 16),
                                         (True, True, 16), (True, True, 32), (True, True, 64))]
     for targets, soft, flav, fp4, tiled, npt in layouts:
         tag = f"{'mxfp4' if fp4 else 'fp8'},{'tiled' + str(npt) if tiled else 'rows'},{flav}"
-        add(_indexer_k_kernel, tag, idx_t, dict(FP4=fp4, TILED=tiled, NPT=npt, SOFT=soft,
+        add(_indexer_k_kernel, tag, idx_t, dict(CR=2, FP4=fp4, TILED=tiled, NPT=npt, SOFT=soft,
                                                 EXACT_LOG2=True, BLOCK_T=bt["indexer"]),
-            targets, nw["indexer"], ("k_ptr", "cache_ptr", "page_stride"))
+            targets, nw["indexer"], ("k_ptr", "k_s0", "cs_ptr", "cs_s0", "cache_ptr", "page_stride",
+                                      "block_size"))
 
     norm_t = {"kv_ptr": "*fp32", "kv_s0": "i32", "pos_ptr": "*i64", "st_ptr": "*fp32",
               "st_s0": "i32", "st_s1": "i32", "cap": "i32", "slot_ptr": "*i64",
@@ -952,8 +1069,10 @@ def _register_aot() -> None:
         for cr in (1, 2):
             add(_compress_norm_kernel, f"cr{cr},{flav}", norm_t, dict(
                 CR=cr, SOFT=soft, BLOCK_T=bt["norm1" if cr == 1 else "norm2"]), targets,
-                nw["norm1" if cr == 1 else "norm2"], ("kv_ptr", "out_ptr", "kv_s0"))
-        add(_ring_save_kernel, flav, ring_t, {}, targets, nw["ring"], ("kv_ptr", "st_ptr"))
+                nw["norm1" if cr == 1 else "norm2"], ("kv_ptr", "kv_s0", "out_ptr", "out_s0", "st_ptr", "st_s0",
+                                                    "st_s1"))
+        add(_ring_save_kernel, flav, ring_t, {}, targets, nw["ring"],
+            ("kv_ptr", "kv_s0", "st_ptr", "st_s0", "st_s1"))
 
 
 _register_aot()

@@ -37,6 +37,17 @@ __all__ = [
 _NUM_WARPS = 4
 _TILE = 4096  # int32 elements per program and column step (16 KiB read + 16 KiB written)
 
+# Launch-shape overrides per op name (absent: the heuristics below), e.g.
+# TUNE["compute_global_topk_indices_and_lens"] = {"BLOCK_R": 1, "BLOCK_C": 2048, "num_warps": 8}.
+TUNE: dict = {}
+
+
+def _cfg(op: str, block_r: int, block_c: int) -> tuple[int, int, int]:
+    cfg = TUNE.get(op)
+    if cfg:
+        return cfg["BLOCK_R"], cfg["BLOCK_C"], cfg["num_warps"]
+    return block_r, block_c, _NUM_WARPS
+
 
 def _pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
@@ -127,7 +138,7 @@ def _global_topk_kernel(
     rmask = rows < N
     rows64 = rows.to(tl.int64)
     req = tl.load(req_ptr + rows64 * s_req, mask=rmask, other=-1)
-    count = tl.zeros([BLOCK_R], dtype=tl.int32)
+    count = tl.full([BLOCK_R], 0, tl.int32)
     for k0 in range(0, K, BLOCK_C):
         cols = k0 + tl.arange(0, BLOCK_C)
         m = rmask[:, None] & (cols < K)[None, :]
@@ -150,7 +161,15 @@ def compute_global_topk_indices_and_lens(
     N, K = topk_indices.shape
     if N == 0:
         return None
-    block_r, block_c = _tile(N, K)
+    # One token per program (measured best on the H200): whole rows in one step at decode
+    # sizes (latency), 512-column steps at prefill sizes (bandwidth).
+    if N * K <= 1024 * 2048:
+        block_r, block_c, warps = 1, min(_pow2(K), 2048), 8
+    else:
+        block_r, block_c, warps = 1, min(_pow2(K), 512), 4
+    cfg = TUNE.get("compute_global_topk_indices_and_lens")
+    if cfg:
+        block_r, block_c, warps = cfg["BLOCK_R"], cfg["BLOCK_C"], cfg["num_warps"]
     valid = is_valid_token.view(torch.uint8) if is_valid_token.dtype == torch.bool else is_valid_token
     _global_topk_kernel[(triton.cdiv(N, block_r),)](
         topk_indices, topk_indices.stride(0), topk_indices.stride(1),
@@ -160,7 +179,7 @@ def compute_global_topk_indices_and_lens(
         global_topk_indices, global_topk_indices.stride(0), global_topk_indices.stride(1),
         topk_lens, topk_lens.stride(0),
         N, K, block_size,
-        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=_NUM_WARPS,
+        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps,
     )
     return None
 
@@ -191,8 +210,8 @@ def _combine_topk_swa_kernel(
 
     # Request of t: the last b in [0, R-1] with qsl[b] - base <= t (binary search over
     # qsl[0..R-1], n_iter = bit_length(R) steps; zero-length requests skipped naturally).
-    lo = tl.zeros([BLOCK_R], dtype=tl.int32)
-    hi = tl.zeros([BLOCK_R], dtype=tl.int32) + R
+    lo = tl.full([BLOCK_R], 0, tl.int32)
+    hi = tl.full([BLOCK_R], 0, tl.int32) + R
     for _ in range(n_iter):
         act = lo < hi
         mid = (lo + hi) // 2
@@ -245,7 +264,7 @@ def combine_topk_swa_indices(
         return None
     R = seq_lens.shape[0]
     W_out = combined_indices.shape[1]
-    block_r, block_c = _tile(T, W_out)
+    block_r, block_c, warps = _cfg("combine_topk_swa_indices", *_tile(T, W_out))
     _combine_topk_swa_kernel[(triton.cdiv(T, block_r),)](
         topk_indices, topk_indices.stride(0), topk_indices.stride(1), topk_indices.shape[1],
         query_start_loc, query_start_loc.stride(0),
@@ -255,7 +274,7 @@ def combine_topk_swa_indices(
         combined_lens, combined_lens.stride(0),
         T, R, int(R).bit_length(), W_out,
         window_size, compress_ratio, topk, M, N,
-        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=_NUM_WARPS,
+        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps,
     )
     return None
 
@@ -306,7 +325,7 @@ def _flashinfer_mixed_kernel(
             valid = tl.load(dvalid_ptr + n64 * s_dvalid, mask=nmask, other=0) != 0
         else:
             valid = nmask
-        count = tl.zeros([BLOCK_R], dtype=tl.int32)
+        count = tl.full([BLOCK_R], 0, tl.int32)
         for j0 in range(0, PT, BLOCK_C):
             j = j0 + tl.arange(0, BLOCK_C)
             m = nmask[:, None] & (j < PT)[None, :]
@@ -328,7 +347,7 @@ def _flashinfer_mixed_kernel(
         elif HAS_DLENS:
             c_len = tl.load(dlens_ptr + n64 * s_dlens, mask=nmask, other=0)
         else:
-            c_len = tl.zeros([BLOCK_R], dtype=tl.int32) + K_dec
+            c_len = tl.full([BLOCK_R], 0, tl.int32) + K_dec
         c_len = tl.where(K_dec == 0, 0, c_len)
         tl.store(lens_ptr + n64 * s_lens, W_swa + c_len, mask=nmask)
     else:
@@ -340,7 +359,7 @@ def _flashinfer_mixed_kernel(
         req = tl.load(t2r_ptr + n64 * s_t2r, mask=nmask, other=0)
         # Per-request values with the index clamped into range (out-of-contract requests
         # must not crash; the reference clamps the same way); 0 when R == 0.
-        zero = tl.zeros([BLOCK_R], dtype=tl.int32)
+        zero = tl.full([BLOCK_R], 0, tl.int32)
         rm = nmask & ((zero + R) > 0)
         rc = tl.minimum(tl.maximum(req, 0), R - 1).to(tl.int64)
         qs = tl.load(qsl_ptr + rc * s_qsl, mask=rm, other=0)
@@ -404,7 +423,8 @@ def build_flashinfer_mixed_sparse_indices(
     if dvalid.dtype == torch.bool:
         dvalid = dvalid.view(torch.uint8)
 
-    block_r, block_c = _tile(max(D, P), max(W_swa, PT, 1))
+    block_r, block_c, warps = _cfg("build_flashinfer_mixed_sparse_indices",
+                                   *_tile(max(D, P), max(W_swa, PT, 1)))
     n_dec_tiles = triton.cdiv(D, block_r)
     grid = (n_dec_tiles + triton.cdiv(P, block_r),)
     _flashinfer_mixed_kernel[grid](
@@ -426,7 +446,7 @@ def build_flashinfer_mixed_sparse_indices(
         D, P, W_swa, PT, n_dec_tiles,
         window_size, compress_ratio, topk,
         HAS_DCI=has_dci, HAS_DLENS=has_dlens, HAS_DVALID=has_dvalid, IS_LOCAL=is_local,
-        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=_NUM_WARPS,
+        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps,
     )
     return None
 

@@ -58,6 +58,12 @@ _MXFP4_FLOOR = tl.constexpr(6.0 * 2.0**-126)  # MXFP4 block amax floor (§1.8), 
 # Tests set this to True / False to force one conversion path (None: by device).
 CVT_HW_OVERRIDE: bool | None = None
 
+# Launch-shape overrides per op name (None / absent: the built-in heuristics), e.g.
+# TUNE["fused_indexer_q_rope_quant"] = {"BLOCK_T": 2, "BLOCK_H": 64, "num_warps": 8}.
+# Keys: indexer Q / inverse RoPE: BLOCK_T, BLOCK_H, num_warps; query quant: BLOCK_T,
+# num_warps; pad: BLOCK_R, num_warps.  Used by the tuning sweep of the GPU tests.
+TUNE: dict = {}
+
 
 def use_hw_convert(device: torch.device) -> bool:
     """Hardware float converts are used on NVIDIA GPUs only (see module docstring)."""
@@ -104,9 +110,11 @@ def _rmax(x, axis: tl.constexpr):
 
 
 @triton.jit
-def _nan_abs(x):
-    """|x| with NaN -> 0 (a NaN never wins an amax)."""
-    return tl.where(x != x, 0.0, tl.abs(x))
+def _neg(x):
+    """IEEE negation (sign-bit flip; -(+0) = -0).  Triton lowers unary minus to ``0 - x``
+    on some versions (3.6), which turns -(+0) into +0: the RoPE zero signs of §1.2 need the
+    true negation that upstream's contracted ``a*b - c*d`` applies."""
+    return (x.to(tl.uint32, bitcast=True) ^ 0x80000000).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -133,16 +141,17 @@ def _bf16_bits(x, CVT_HW: tl.constexpr):
 
 
 @triton.jit
-def _e4m3_code(x, FNUZ: tl.constexpr, CVT_HW: tl.constexpr):
+def _e4m3_code(x, FNUZ: tl.constexpr, CVT_HW: tl.constexpr, NAN_CODE: tl.constexpr):
     """fp32 -> e4m3 byte (int32 0..255), round to nearest even, saturating.
 
-    OCP e4m3fn: |x| > 448 and ±inf -> ±448, NaN -> 0x7F.  FNUZ e4m3fnuz: |x| > 240 -> ±240,
-    NaN -> 0x80, zero (and anything rounding to it) -> 0x00.  Same bytes as
-    ``codecs.e4m3_encode``.
+    OCP e4m3fn: |x| > 448 and ±inf -> ±448 (``cvt.rn.satfinite``), NaN -> ``NAN_CODE``
+    (0x7F as the convert writes it, or 0x7E = +448 where the op clamps NaN to +448 first).
+    FNUZ e4m3fnuz: |x| > 240 -> ±240, NaN -> 0x80, zero (and anything rounding to it) ->
+    0x00.  Same bytes as ``codecs.e4m3_encode`` (after ``clamp_sym`` for NAN_CODE 0x7E).
     """
     if CVT_HW and not FNUZ:
         code = x.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
-        code = tl.where(x != x, 0x7F, code)
+        code = tl.where(x != x, NAN_CODE, code)
     else:
         BIAS: tl.constexpr = 8 if FNUZ else 7
         MAX_BITS: tl.constexpr = 0x43700000 if FNUZ else 0x43E00000  # 240.0 / 448.0
@@ -163,8 +172,18 @@ def _e4m3_code(x, FNUZ: tl.constexpr, CVT_HW: tl.constexpr):
             code = tl.where(code == 0, 0, code | (sign << 7))
             code = tl.where(nan, 0x80, code)
         else:
-            code = tl.where(nan, 0x7F, code | (sign << 7))
+            code = tl.where(nan, NAN_CODE, code | (sign << 7))
     return code
+
+
+@triton.jit
+def _ceil_exp_bits(s):
+    """Exact ``ceil(log2 s)`` for fp32 s > 0 normal or +inf (-> 128), from the bits ("(B)").
+    Equal to the fp32-log2 ceiling "(L)" for every s = amax·RN32(1/M) with a bf16-valued
+    amax (or the 1e-4 / 6·2^-126 floors) and M in {448, 224, 6} (checked exhaustively in
+    the tests), which is all the indexer Q needs."""
+    b = s.to(tl.int32, bitcast=True)
+    return ((b >> 23) & 0xFF) - 127 + ((b & 0x7FFFFF) != 0).to(tl.int32)
 
 
 @triton.jit
@@ -229,75 +248,95 @@ def _indexer_q_kernel(
     T, H, softmax_scale, head_scale,
     D: tl.constexpr, NOPE: tl.constexpr, HALF: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr,
-    USE_FP4: tl.constexpr, FNUZ: tl.constexpr, CVT_HW: tl.constexpr, WO_BF16: tl.constexpr,
+    SPLIT: tl.constexpr, USE_FP4: tl.constexpr, FNUZ: tl.constexpr, CVT_HW: tl.constexpr,
+    WO_BF16: tl.constexpr, OFF64: tl.constexpr,
 ):
+    IDX: tl.constexpr = tl.int64 if OFF64 else tl.int32
+    FP8_MAX: tl.constexpr = 224.0 if FNUZ else 448.0
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     tm = t < T
     th_m = tm[:, None] & (h < H)[None, :]  # [BT, BH]
-    t64 = t.to(tl.int64)
-    h64 = h.to(tl.int64)
+    ti = t.to(IDX)
+    hi = h.to(IDX)
+    qrow = (ti * s_q0)[:, None] + (hi * s_q1)[None, :]
+    orow = (ti * s_o0)[:, None] + (hi * s_o1)[None, :]
+    pos = tl.load(pos_ptr + ti * s_pos, mask=tm, other=0).to(IDX)
+    w = tl.load(w_ptr + (ti * s_w0)[:, None] + (hi * s_w1)[None, :], mask=th_m, other=0.0).to(tl.float32)
+    wo_off = (ti * s_wo0)[:, None] + (hi * s_wo1)[None, :]
 
-    # One row of positions / cos / sin per token, broadcast over heads.
-    pos = tl.load(pos_ptr + t64 * s_pos, mask=tm, other=0).to(tl.int64)
-    i = tl.arange(0, BLOCK_P)  # pair index: elements 2i, 2i+1
-    rope = (i >= NOPE // 2) & (i < D // 2)
-    ri = tl.where(rope, i - NOPE // 2, 0)
-    cs_off = pos[:, None] * s_cs + ri[None, :]
-    cs_m = tm[:, None] & rope[None, :]
-    c = tl.load(cs_ptr + cs_off, mask=cs_m, other=1.0).to(tl.float32)[:, None, :]
-    s = tl.load(cs_ptr + cs_off + HALF, mask=cs_m, other=0.0).to(tl.float32)[:, None, :]
-
-    d = tl.arange(0, 2 * BLOCK_P)
-    d_m = th_m[:, :, None] & (d < D)[None, None, :]
-    x = tl.load(q_ptr + (t64 * s_q0)[:, None, None] + (h64 * s_q1)[None, :, None] + d[None, None, :],
-                mask=d_m, other=0.0).to(tl.float32)
-    e, o = tl.split(tl.reshape(x, [BLOCK_T, BLOCK_H, BLOCK_P, 2]))
-
-    # §1.2 forward RoPE on the last R dims (canonical contraction), then the bf16 round
-    # trip; NoPE pairs are selected unchanged (not rotated: zero signs kept).
-    new_e = _rn_bf16(tl.fma(e, c, -(o * s)), CVT_HW)
-    new_o = _rn_bf16(tl.fma(o, c, e * s), CVT_HW)
-    rope3 = rope[None, None, :]
-    e = tl.where(rope3, new_e, e)
-    o = tl.where(rope3, new_o, o)
-
-    w = tl.load(w_ptr + (t64 * s_w0)[:, None] + (h64 * s_w1)[None, :], mask=th_m, other=0.0).to(tl.float32)
-    wo_off = (t64 * s_wo0)[:, None] + (h64 * s_wo1)[None, :]
-
-    if USE_FP4:
-        # §2.3 / §1.8: blocks of 32 elements = 16 pairs.
-        NB: tl.constexpr = BLOCK_P // 16
-        e4 = tl.reshape(e, [BLOCK_T, BLOCK_H, NB, 16])
-        o4 = tl.reshape(o, [BLOCK_T, BLOCK_H, NB, 16])
-        amax = tl.maximum(_rmax(_nan_abs(e4), axis=3), _rmax(_nan_abs(o4), axis=3))
-        amax = tl.maximum(amax, _MXFP4_FLOOR)
-        E = tl.minimum(tl.maximum(_ceil_exp_log(amax * _INV_6), -127), 127)
-        inv = _inv_pow2_of(E)[:, :, :, None]
-        byte = _e2m1_code(e4 * inv) | (_e2m1_code(o4 * inv) << 4)  # element 2k low nibble
-        byte = tl.reshape(byte, [BLOCK_T, BLOCK_H, BLOCK_P]).to(tl.uint8)
-        p_m = th_m[:, :, None] & (i < D // 2)[None, None, :]
-        tl.store(out_ptr + (t64 * s_o0)[:, None, None] + (h64 * s_o1)[None, :, None] + i[None, None, :],
-                 byte, mask=p_m)
-        b = tl.arange(0, NB)
-        b_m = th_m[:, :, None] & (b < D // 32)[None, None, :]
-        tl.store(sc_ptr + (t64 * s_sc0)[:, None, None] + (h64 * s_sc1)[None, :, None] + b[None, None, :],
-                 (E + 127).to(tl.uint8), mask=b_m)
-        # weights_out = RN32(RN32(w·S)·Hs): no q scale.
-        wo = (w * softmax_scale) * head_scale
-    else:
-        # §2.2: one scale per head, s = max(amax, 1e-4) / FP8_MAX (correctly rounded).
-        FP8_MAX: tl.constexpr = 224.0 if FNUZ else 448.0
-        amax = tl.maximum(_rmax(_nan_abs(e), axis=2), _rmax(_nan_abs(o), axis=2))
-        amax = tl.maximum(amax, _EPS_Q)
-        E = _ceil_exp_log(tl.math.div_rn(amax, tl.full([BLOCK_T, BLOCK_H], FP8_MAX, tl.float32)))
+    if SPLIT:
+        # NOPE and R powers of two (production 64 + 64), FP8: the NoPE half is quantized
+        # as loaded, only the RoPE half is split into (even, odd) pairs and rotated.
+        m3 = th_m[:, :, None]
+        dn = tl.arange(0, NOPE)[None, None, :]
+        xn = tl.load(q_ptr + qrow[:, :, None] + dn, mask=m3, other=0.0).to(tl.float32)
+        dr = tl.arange(0, 2 * HALF)[None, None, :]
+        xr = tl.load(q_ptr + qrow[:, :, None] + NOPE + dr, mask=m3, other=0.0).to(tl.float32)
+        e, o = tl.split(tl.reshape(xr, [BLOCK_T, BLOCK_H, HALF, 2]))
+        cs_off = pos[:, None, None] * s_cs + tl.arange(0, HALF)[None, None, :]
+        c = tl.load(cs_ptr + cs_off, mask=tm[:, None, None], other=1.0).to(tl.float32)
+        s = tl.load(cs_ptr + cs_off + HALF, mask=tm[:, None, None], other=0.0).to(tl.float32)
+        # §1.2 forward RoPE (canonical contraction) + the bf16 round trip
+        ne = _rn_bf16(tl.fma(e, c, _neg(o * s)), CVT_HW)
+        no = _rn_bf16(tl.fma(o, c, e * s), CVT_HW)
+        # amax: max.f32 (maxnum) drops NaN operands; an all-NaN head gives the floor
+        amax = tl.maximum(_rmax(tl.abs(xn), axis=2), _rmax(tl.maximum(tl.abs(ne), tl.abs(no)), axis=2))
+        E = _ceil_exp_bits(tl.maximum(amax, _EPS_Q) * (1.0 / FP8_MAX))
         inv = _inv_pow2_of(E)[:, :, None]  # x / 2^E, exact (0 for an infinite scale)
-        codes = tl.join(_e4m3_code(e * inv, FNUZ, CVT_HW), _e4m3_code(o * inv, FNUZ, CVT_HW))
-        codes = tl.reshape(codes, [BLOCK_T, BLOCK_H, 2 * BLOCK_P]).to(tl.uint8)
-        tl.store(out_ptr + (t64 * s_o0)[:, None, None] + (h64 * s_o1)[None, :, None] + d[None, None, :],
-                 codes, mask=d_m)
-        # weights_out = RN32(RN32(RN32(w·q_scale)·S)·Hs), left to right.
+        cn = _e4m3_code(xn * inv, FNUZ, CVT_HW, 0x7F).to(tl.uint8)
+        tl.store(out_ptr + orow[:, :, None] + dn, cn, mask=m3)
+        cr = tl.join(_e4m3_code(ne * inv, FNUZ, CVT_HW, 0x7F), _e4m3_code(no * inv, FNUZ, CVT_HW, 0x7F))
+        cr = tl.reshape(cr, [BLOCK_T, BLOCK_H, 2 * HALF]).to(tl.uint8)
+        tl.store(out_ptr + orow[:, :, None] + NOPE + dr, cr, mask=m3)
         wo = ((w * _pow2_of(E)) * softmax_scale) * head_scale
+    else:
+        # General shapes (and MXFP4): the whole head split into pairs, RoPE pairs selected.
+        i = tl.arange(0, BLOCK_P)  # pair index: elements 2i, 2i+1
+        rope = (i >= NOPE // 2) & (i < D // 2)
+        ri = tl.where(rope, i - NOPE // 2, 0)
+        cs_off = pos[:, None] * s_cs + ri[None, :]
+        cs_m = tm[:, None] & rope[None, :]
+        c = tl.load(cs_ptr + cs_off, mask=cs_m, other=1.0).to(tl.float32)[:, None, :]
+        s = tl.load(cs_ptr + cs_off + HALF, mask=cs_m, other=0.0).to(tl.float32)[:, None, :]
+        d = tl.arange(0, 2 * BLOCK_P)
+        d_m = th_m[:, :, None] & (d < D)[None, None, :]
+        x = tl.load(q_ptr + qrow[:, :, None] + d[None, None, :], mask=d_m, other=0.0).to(tl.float32)
+        e, o = tl.split(tl.reshape(x, [BLOCK_T, BLOCK_H, BLOCK_P, 2]))
+        new_e = _rn_bf16(tl.fma(e, c, _neg(o * s)), CVT_HW)
+        new_o = _rn_bf16(tl.fma(o, c, e * s), CVT_HW)
+        rope3 = rope[None, None, :]
+        e = tl.where(rope3, new_e, e)
+        o = tl.where(rope3, new_o, o)
+        if USE_FP4:
+            # §2.3 / §1.8: blocks of 32 elements = 16 pairs.
+            NB: tl.constexpr = BLOCK_P // 16
+            e4 = tl.reshape(e, [BLOCK_T, BLOCK_H, NB, 16])
+            o4 = tl.reshape(o, [BLOCK_T, BLOCK_H, NB, 16])
+            amax = _rmax(tl.maximum(tl.abs(e4), tl.abs(o4)), axis=3)
+            E = _ceil_exp_bits(tl.maximum(amax, _MXFP4_FLOOR) * _INV_6)
+            E = tl.minimum(tl.maximum(E, -127), 127)
+            inv = _inv_pow2_of(E)[:, :, :, None]
+            byte = _e2m1_code(e4 * inv) | (_e2m1_code(o4 * inv) << 4)  # element 2k low nibble
+            byte = tl.reshape(byte, [BLOCK_T, BLOCK_H, BLOCK_P]).to(tl.uint8)
+            p_m = th_m[:, :, None] & (i < D // 2)[None, None, :]
+            tl.store(out_ptr + orow[:, :, None] + i[None, None, :], byte, mask=p_m)
+            b = tl.arange(0, NB)
+            b_m = th_m[:, :, None] & (b < D // 32)[None, None, :]
+            srow = (ti * s_sc0)[:, None] + (hi * s_sc1)[None, :]
+            tl.store(sc_ptr + srow[:, :, None] + b[None, None, :], (E + 127).to(tl.uint8), mask=b_m)
+            # weights_out = RN32(RN32(w·S)·Hs): no q scale.
+            wo = (w * softmax_scale) * head_scale
+        else:
+            # §2.2: one scale per head, s = max(amax, 1e-4) / FP8_MAX.
+            amax = _rmax(tl.maximum(tl.abs(e), tl.abs(o)), axis=2)
+            E = _ceil_exp_bits(tl.maximum(amax, _EPS_Q) * (1.0 / FP8_MAX))
+            inv = _inv_pow2_of(E)[:, :, None]
+            codes = tl.join(_e4m3_code(e * inv, FNUZ, CVT_HW, 0x7F), _e4m3_code(o * inv, FNUZ, CVT_HW, 0x7F))
+            codes = tl.reshape(codes, [BLOCK_T, BLOCK_H, 2 * BLOCK_P]).to(tl.uint8)
+            tl.store(out_ptr + orow[:, :, None] + d[None, None, :], codes, mask=d_m)
+            # weights_out = RN32(RN32(RN32(w·q_scale)·S)·Hs), left to right.
+            wo = ((w * _pow2_of(E)) * softmax_scale) * head_scale
     if WO_BF16:
         tl.store(wo_ptr + wo_off, _bf16_bits(wo, CVT_HW).to(tl.int16), mask=th_m)
     else:
@@ -311,12 +350,31 @@ def _tile_th(T: int, H: int, row_elems: int, target: int) -> tuple[int, int]:
     return bt, bh
 
 
-def _target(total_elems: int) -> tuple[int, int]:
-    """(elements per program, num_warps): big tiles at prefill sizes, small ones (more
-    programs, lower latency) at decode sizes."""
+def _target(total_elems: int, big: int, big_warps: int) -> tuple[int, int]:
+    """(elements per program, num_warps): bigger tiles at prefill sizes, small ones (more
+    programs, lower latency) at decode sizes.  Measured on the H200 (tests' tuning sweep,
+    65 536 tokens): indexer Q best at 1 token x 64 heads x 128 / 4 warps (0.95 of copy),
+    inverse RoPE at 1 token x 8 heads x 512 / 4 warps (0.76); 2048-element tiles at
+    1-64 tokens (CUDA-graph replay 1.5-2.2 us)."""
     if total_elems >= 132 * 4 * 8192:
-        return 8192, 8
+        return big, big_warps
     return 2048, 4
+
+
+def _span(*tensors) -> int:
+    """Largest element offset any of the tensors reaches (decides int32 vs int64 offsets)."""
+    m = 0
+    for t in tensors:
+        if t is not None and t.numel() > 0:
+            m = max(m, t.storage_offset() + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())))
+    return m
+
+
+_I32_SAFE = 2**31 - 2**20  # offsets below this are computed in int32 (margin for tile overrun)
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and (n & (n - 1)) == 0
 
 
 def fused_indexer_q_rope_quant(
@@ -333,8 +391,11 @@ def fused_indexer_q_rope_quant(
     assert index_q.stride(2) == 1 and q_out.stride(2) == 1 and cos_sin_cache.stride(-1) == 1
     assert nope % 2 == 0 and R % 2 == 0
     block_p = _pow2(D // 2)
-    target, warps = _target(T * H * D)
+    target, warps = _target(T * H * D, 8192, 4)
     bt, bh = _tile_th(T, H, 2 * block_p, target)
+    cfg = TUNE.get("fused_indexer_q_rope_quant")
+    if cfg:
+        bt, bh, warps = cfg["BLOCK_T"], cfg["BLOCK_H"], cfg["num_warps"]
     out = q_out.view(torch.uint8)
     if use_fp4:
         assert D % 32 == 0 and nope % 32 == 0
@@ -344,6 +405,9 @@ def fused_indexer_q_rope_quant(
         sc, sc_strides = out, (0, 0)  # q_scale_out is empty in the FP8 path
     wo_bf16 = weights_out.dtype == torch.bfloat16
     wo = weights_out.view(torch.int16) if wo_bf16 else weights_out
+    split = not use_fp4 and _is_pow2(nope) and _is_pow2(R) and nope >= 2
+    off64 = _span(index_q, out, sc if use_fp4 else None, cos_sin_cache, index_weights, wo,
+                  positions) >= _I32_SAFE
     grid = (triton.cdiv(T, bt), triton.cdiv(H, bh))
     _indexer_q_kernel[grid](
         positions, positions.stride(0),
@@ -356,8 +420,8 @@ def fused_indexer_q_rope_quant(
         T, H, float(softmax_scale), float(head_scale),
         D=D, NOPE=nope, HALF=R // 2,
         BLOCK_T=bt, BLOCK_H=bh, BLOCK_P=block_p,
-        USE_FP4=bool(use_fp4), FNUZ=bool(use_fnuz) and not use_fp4,
-        CVT_HW=use_hw_convert(index_q.device), WO_BF16=wo_bf16,
+        SPLIT=split, USE_FP4=bool(use_fp4), FNUZ=bool(use_fnuz) and not use_fp4,
+        CVT_HW=use_hw_convert(index_q.device), WO_BF16=wo_bf16, OFF64=off64,
         num_warps=warps,
     )
     return None
@@ -378,18 +442,19 @@ def _inv_rope_kernel(
     QG: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr,
     QUANT: tl.constexpr, PACKED: tl.constexpr, PERM: tl.constexpr, CVT_HW: tl.constexpr,
+    OFF64: tl.constexpr,
 ):
+    IDX: tl.constexpr = tl.int64 if OFF64 else tl.int32
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     n = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     tm = t < T
     nm = n < NH
     th_m = tm[:, None] & nm[None, :]
-    t64 = t.to(tl.int64)
-    n64 = n.to(tl.int64)
-    g = n64 // HG
+    ti = t.to(IDX)
+    g = (n // HG).to(IDX)
     hg = n % HG
 
-    pos = tl.load(pos_ptr + t64 * s_pos, mask=tm, other=0).to(tl.int64)
+    pos = tl.load(pos_ptr + ti * s_pos, mask=tm, other=0).to(IDX)
     i = tl.arange(0, BLOCK_P)
     rope = (i >= NOPE // 2) & (i < DH // 2)
     ri = tl.where(rope, i - NOPE // 2, 0)
@@ -400,19 +465,19 @@ def _inv_rope_kernel(
 
     d = tl.arange(0, 2 * BLOCK_P)
     d_m = th_m[:, :, None] & (d < DH)[None, None, :]
-    x = tl.load(o_ptr + (t64 * s_o0)[:, None, None] + (n64 * s_o1)[None, :, None] + d[None, None, :],
-                mask=d_m, other=0.0).to(tl.float32)
+    orow = (ti * s_o0)[:, None] + (n.to(IDX) * s_o1)[None, :]
+    x = tl.load(o_ptr + orow[:, :, None] + d[None, None, :], mask=d_m, other=0.0).to(tl.float32)
     e, od = tl.split(tl.reshape(x, [BLOCK_T, BLOCK_H, BLOCK_P, 2]))
 
     # §1.3 inverse RoPE on dims NOPE..DH-1; NoPE dims selected unchanged.
     rope3 = rope[None, None, :]
     e_new = tl.fma(e, c, od * s)
-    o_new = tl.fma(od, c, -(e * s))
+    o_new = tl.fma(od, c, _neg(e * s))
     e = tl.where(rope3, e_new, e)
     od = tl.where(rope3, o_new, od)
 
     # Row (g, t) of the [G, T, Dg] output.
-    row = g[None, :, None] * s_ob0 + (t64 * s_ob1)[:, None, None]  # [BT, BH, 1]
+    row = g[None, :, None] * s_ob0 + (ti * s_ob1)[:, None, None]  # [BT, BH, 1]
     hg3 = hg[None, :, None]
     if PERM:
         col = (d // QG)[None, None, :] * (HG * QG) + hg3 * QG + (d % QG)[None, None, :]
@@ -425,22 +490,19 @@ def _inv_rope_kernel(
         y = tl.reshape(y, [BLOCK_T, BLOCK_H, 2 * BLOCK_P]).to(tl.int16)
         tl.store(out_ptr + row + col, y, mask=d_m)
     else:
-        # §4.3: per chunk of QG dims, amax (floor 1e-10), s = amax·RN32(1/448),
-        # E = ceil(RN32(log2 s)) (L), codes e4m3(clamp(x / 2^E, ±448)), NaN -> +448.
+        # §4.3: per chunk of QG dims, amax (NaN ignored, floor 1e-10), s = amax·RN32(1/448),
+        # E = ceil(RN32(log2 s)) (L), codes e4m3(clamp(x / 2^E, ±448)) with NaN -> +448:
+        # the saturating encoder with NaN code 0x7E is exactly that clamp.
         CP: tl.constexpr = QG // 2
         NC: tl.constexpr = BLOCK_P // CP
         C: tl.constexpr = DH // QG
         e4 = tl.reshape(e, [BLOCK_T, BLOCK_H, NC, CP])
         o4 = tl.reshape(od, [BLOCK_T, BLOCK_H, NC, CP])
-        amax = tl.maximum(_rmax(_nan_abs(e4), axis=3), _rmax(_nan_abs(o4), axis=3))
-        amax = tl.maximum(amax, _EPS_O)
-        E = _ceil_exp_log(amax * _INV_448)  # [BT, BH, NC]
+        amax = _rmax(tl.maximum(tl.abs(e4), tl.abs(o4)), axis=3)
+        E = _ceil_exp_log(tl.maximum(amax, _EPS_O) * _INV_448)  # [BT, BH, NC]
         inv = _inv_pow2_of(E)[:, :, :, None]
-        qe = e4 * inv
-        qo = o4 * inv
-        qe = tl.where(qe != qe, 448.0, tl.minimum(tl.maximum(qe, -448.0), 448.0))
-        qo = tl.where(qo != qo, 448.0, tl.minimum(tl.maximum(qo, -448.0), 448.0))
-        codes = tl.join(_e4m3_code(qe, False, CVT_HW), _e4m3_code(qo, False, CVT_HW))
+        codes = tl.join(_e4m3_code(e4 * inv, False, CVT_HW, 0x7E),
+                        _e4m3_code(o4 * inv, False, CVT_HW, 0x7E))
         codes = tl.reshape(codes, [BLOCK_T, BLOCK_H, 2 * BLOCK_P]).to(tl.uint8)
         tl.store(out_ptr + row + col, codes, mask=d_m)
 
@@ -452,15 +514,15 @@ def _inv_rope_kernel(
             blk = hg3 * C + cc
         s_m = ((t < Ta)[:, None] & nm[None, :])[:, :, None] & (cc < C)
         g3 = g[None, :, None] * s_sc0
-        t3 = t64[:, None, None]
+        t3 = ti[:, None, None]
         tm3 = tm[:, None, None]
         if PACKED:
             # int32 words of four ue8m0 bytes, block 4w+b in byte b (little endian).
             val = tl.where(tm3, E + 127, 0).to(tl.uint8)
-            addr = 4 * (g3 + ((blk // 4).to(tl.int64) * Ta + t3) * s_sc1) + (blk % 4)
+            addr = 4 * (g3 + ((blk // 4).to(IDX) * Ta + t3) * s_sc1) + (blk % 4)
         else:
             val = tl.where(tm3, _pow2_of(E), 0.0)
-            addr = g3 + (blk.to(tl.int64) * Ta + t3) * s_sc1
+            addr = g3 + (blk.to(IDX) * Ta + t3) * s_sc1
         tl.store(sc_ptr + addr, val, mask=s_m)
 
 
@@ -472,7 +534,7 @@ def fused_inv_rope_fp8_quant(
     into the grouped ``[G, T, Dg]`` layout (standard or FlashMLA-permuted), scales fp32 or
     packed ue8m0 in the TMA-aligned MN-major layout."""
     T, NH, Dh = o.shape
-    G, HG, QG = n_groups, heads_per_group, quant_group_size
+    HG, QG = heads_per_group, quant_group_size
     if T == 0 or NH == 0:
         return None
     assert o.stride(2) == 1 and out_buf.stride(2) == 1 and cos_sin_cache.stride(-1) == 1
@@ -496,8 +558,13 @@ def fused_inv_rope_fp8_quant(
         sc, sc_strides = o, (0, 0)  # nothing is written
         out = out_buf.view(torch.int16)
         assert out_buf.dtype == torch.bfloat16, "quantize=False writes bf16 rows"
-    target, warps = _target(T * NH * Dh)
+    target, warps = _target(T * NH * Dh, 4096, 4)
     bt, bh = _tile_th(Ta, NH, 2 * block_p, target)
+    off64 = max(_span(o, out_buf, cos_sin_cache, positions),
+                4 * _span(scale_buf) + 4) >= _I32_SAFE
+    cfg = TUNE.get("fused_inv_rope_fp8_quant")
+    if cfg:
+        bt, bh, warps = cfg["BLOCK_T"], cfg["BLOCK_H"], cfg["num_warps"]
     grid = (triton.cdiv(Ta, bt), triton.cdiv(NH, bh))
     _inv_rope_kernel[grid](
         o, o.stride(0), o.stride(1),
@@ -510,7 +577,7 @@ def fused_inv_rope_fp8_quant(
         BLOCK_T=bt, BLOCK_H=bh, BLOCK_P=block_p,
         QUANT=bool(quantize), PACKED=bool(quantize and tma_aligned_scales),
         PERM=bool(quantize and permuted_output), CVT_HW=use_hw_convert(o.device),
-        num_warps=warps,
+        OFF64=off64, num_warps=warps,
     )
     return None
 
@@ -526,11 +593,11 @@ def _rrms(ss64, size, eps, ACC_F64: tl.constexpr):
     bit-exact)."""
     if ACC_F64:
         # fp64 '/' and sqrt are IEEE (div.rn.f64 / sqrt.rn.f64; there is no fp64 approx).
-        ms = (ss64 / (tl.zeros(ss64.shape, ss64.dtype) + size)).to(tl.float32) + eps
+        ms = (ss64 / (tl.full(ss64.shape, 0, ss64.dtype) + size)).to(tl.float32) + eps
         one = tl.full(ms.shape, 1.0, tl.float64)
         r = (one / tl.sqrt(ms.to(tl.float64))).to(tl.float32)
     else:
-        ms = tl.math.div_rn(ss64, tl.zeros(ss64.shape, ss64.dtype) + size) + eps
+        ms = tl.math.div_rn(ss64, tl.full(ss64.shape, 0, ss64.dtype) + size) + eps
         r = tl.math.div_rn(tl.full(ms.shape, 1.0, tl.float32), tl.sqrt_rn(ms))
     return r
 
@@ -543,29 +610,32 @@ def _q_rows(qr_ptr, s_qr, qw_ptr, eps, qo_ptr, s_qo, qs_ptr, s_qs, r, T, Tp, QS,
     rm = r < T
     r64 = r.to(tl.int64)
     gi = tl.arange(0, BLOCK_G)
-    col = gi[:, None] * 32 + tl.arange(0, 32)[None, :]  # [BG, 32]
+    col = tl.arange(0, BLOCK_G * 32)
     cm = col < QS
-    m = rm[:, None, None] & cm[None, :, :]
-    x = tl.load(qr_ptr + (r64 * s_qr)[:, None, None] + col[None, :, :], mask=m, other=0.0).to(tl.float32)
-    w = tl.load(qw_ptr + col, mask=cm, other=0.0).to(tl.float32)[None, :, :]
+    m = rm[:, None] & cm[None, :]
+    x = tl.load(qr_ptr + (r64 * s_qr)[:, None] + col[None, :], mask=m, other=0.0).to(tl.float32)
+    w = tl.load(qw_ptr + col, mask=cm, other=0.0).to(tl.float32)[None, :]
     if ACC_F64:
         xa = x.to(tl.float64)
     else:
         xa = x
-    rr = _rrms(_rsum(_rsum(xa * xa, axis=2), axis=1), QS, eps, ACC_F64)
-    y = (x * rr[:, None, None]) * w
+    rr = _rrms(_rsum(xa * xa, axis=1), QS, eps, ACC_F64)  # one reduction over the row
+    y = (x * rr[:, None]) * w
     if Q_BF16:
         y = _rn_bf16(y, CVT_HW)  # q.dtype round trip
-    # MXFP8 per 32: FlashInfer's UE8M0 rule on n = amax·RN32(1/448).
-    nb = (_rmax(_nan_abs(y), axis=2) * _INV_448).to(tl.int32, bitcast=True)
+    # MXFP8 per 32: FlashInfer's UE8M0 rule on n = amax·RN32(1/448); amax ignores NaN
+    # (maxnum; an all-NaN group gives 0 like the reference).
+    y3 = tl.reshape(y, [y.shape[0], BLOCK_G, 32])
+    nb = (tl.maximum(_rmax(tl.abs(y3), axis=2), 0.0) * _INV_448).to(tl.int32, bitcast=True)
     ex = (nb >> 23) & 0xFF
     mt = nb & 0x7FFFFF
     bump = (mt != 0) & ((ex != 0) | (mt > 0x400000))
     sf = tl.minimum(ex + bump.to(tl.int32), 254)
     sf = tl.where(nb <= 0, 0, sf)  # n = +0 (n is never negative here)
     inv = tl.where(sf == 0, 0, (254 - sf) << 23).to(tl.float32, bitcast=True)
-    codes = _e4m3_code(y * inv[:, :, None], False, CVT_HW).to(tl.uint8)
-    tl.store(qo_ptr + (r64 * s_qo)[:, None, None] + col[None, :, :], codes, mask=m)
+    codes = _e4m3_code(y3 * inv[:, :, None], False, CVT_HW, 0x7F).to(tl.uint8)
+    codes = tl.reshape(codes, [y.shape[0], BLOCK_G * 32])
+    tl.store(qo_ptr + (r64 * s_qo)[:, None] + col[None, :], codes, mask=m)
     # Scale bytes in the F8_128x4 swizzle; rows >= T and groups >= Gq are 0.
     g2 = gi[None, :]
     r2 = r64[:, None]
@@ -600,21 +670,25 @@ def _kv_rows(kv_ptr, s_kv, kvw_ptr, eps, kvo_ptr, s_kvo, r, T, KS,
         tl.store(kvo_ptr + off, y, mask=m)
 
 
-@triton.jit(do_not_specialize=["T", "Tp", "QS", "KS", "Gq", "Gp"])
+@triton.jit(do_not_specialize=["T", "Tp", "QS", "KS", "Gq", "Gp", "n_q_tiles"])
 def _q_kv_rmsnorm_kernel(
     qr_ptr, s_qr, kv_ptr, s_kv, qw_ptr, kvw_ptr, eps,
     qo_ptr, s_qo, qs_ptr, s_qs, kvo_ptr, s_kvo,
-    T, Tp, QS, KS, Gq, Gp,
-    BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_KV: tl.constexpr,
+    T, Tp, QS, KS, Gq, Gp, n_q_tiles,
+    BLOCK_T: tl.constexpr, BLOCK_TKV: tl.constexpr, BLOCK_G: tl.constexpr,
+    BLOCK_KV: tl.constexpr,
     Q_BF16: tl.constexpr, KV_BF16: tl.constexpr, ACC_F64: tl.constexpr, CVT_HW: tl.constexpr,
 ):
-    # Grid (row tiles covering Tp, 2): column 0 = Q rows (+ every scale byte), 1 = KV rows.
-    r = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    if tl.program_id(1) == 0:
-        _q_rows(qr_ptr, s_qr, qw_ptr, eps, qo_ptr, s_qo, qs_ptr, s_qs, r, T, Tp, QS, Gq, Gp,
+    # 1-D grid: the first n_q_tiles programs take BLOCK_T Q rows each (rows up to Tp, so
+    # every scale byte is written), the others BLOCK_TKV KV rows each.
+    pid = tl.program_id(0)
+    if pid < n_q_tiles:
+        _q_rows(qr_ptr, s_qr, qw_ptr, eps, qo_ptr, s_qo, qs_ptr, s_qs,
+                pid * BLOCK_T + tl.arange(0, BLOCK_T), T, Tp, QS, Gq, Gp,
                 BLOCK_G, Q_BF16, ACC_F64, CVT_HW)
     else:
-        _kv_rows(kv_ptr, s_kv, kvw_ptr, eps, kvo_ptr, s_kvo, r, T, KS,
+        _kv_rows(kv_ptr, s_kv, kvw_ptr, eps, kvo_ptr, s_kvo,
+                 (pid - n_q_tiles) * BLOCK_TKV + tl.arange(0, BLOCK_TKV), T, KS,
                  BLOCK_KV, KV_BF16, ACC_F64, CVT_HW)
 
 
@@ -634,20 +708,26 @@ def fused_q_kv_rmsnorm_quant(qr, kv, q_weight, kv_weight, eps, q_out, q_scale_ou
     assert kv_out.dtype in (torch.bfloat16, torch.float32), "kv rows: bf16 or fp32"
     block_g = max(4, _pow2(Gq))
     block_kv = _pow2(KS)
-    width = max(block_g * 32, block_kv)
-    target = 8192 if T >= 132 * 8 else 2048
-    bt = max(1, min(_pow2(max(T, 1)), target // width))
-    warps = 8 if bt * width >= 8192 else 4
+    # One Q row per program (measured best on the H200: the per-row RMS chain and the
+    # swizzled scale bytes make wide tiles slower); KV programs take as many elements.
+    bt, warps, acc_f64 = 1, 4, True
+    cfg = TUNE.get("fused_q_kv_rmsnorm_quant")
+    if cfg:
+        bt, warps, acc_f64 = cfg["BLOCK_T"], cfg["num_warps"], cfg.get("ACC_F64", True)
+    bt_kv = max(1, min(_pow2(T), bt * block_g * 32 // block_kv))
+    if cfg and "BLOCK_TKV" in cfg:
+        bt_kv = cfg["BLOCK_TKV"]
     kv_bf16 = kv_out.dtype == torch.bfloat16
     kvo = kv_out.view(torch.int16) if kv_bf16 else kv_out
     qo = q_out.view(torch.uint8)
-    grid = (triton.cdiv(max(Tp, T), bt), 2)
+    n_q_tiles = triton.cdiv(Tp, bt)
+    grid = (n_q_tiles + triton.cdiv(T, bt_kv),)
     _q_kv_rmsnorm_kernel[grid](
         qr, qr.stride(0), kv, kv.stride(0), q_weight, kv_weight, float(eps),
         qo, qo.stride(0), q_scale_out, q_scale_out.stride(0), kvo, kvo.stride(0),
-        T, Tp, QS, KS, Gq, Gp,
-        BLOCK_T=bt, BLOCK_G=block_g, BLOCK_KV=block_kv,
-        Q_BF16=qr.dtype == torch.bfloat16, KV_BF16=kv_bf16, ACC_F64=True,
+        T, Tp, QS, KS, Gq, Gp, n_q_tiles,
+        BLOCK_T=bt, BLOCK_TKV=bt_kv, BLOCK_G=block_g, BLOCK_KV=block_kv,
+        Q_BF16=qr.dtype == torch.bfloat16, KV_BF16=kv_bf16, ACC_F64=acc_f64,
         CVT_HW=use_hw_convert(qr.device),
         num_warps=warps,
     )
@@ -689,10 +769,14 @@ def pad_fused_q_heads(q, out):
     oi = out.view(torch.int16) if out.element_size() == 2 else out
     block_w = min(_pow2(W_out), 4096)
     block_r = max(1, min(_pow2(T * nch), 8192 // block_w))
+    warps = 4
+    cfg = TUNE.get("pad_fused_q_heads")
+    if cfg:
+        block_r, warps = cfg["BLOCK_R"], cfg["num_warps"]
     n_rows = T * nch
     _pad_q_heads_kernel[(triton.cdiv(n_rows, block_r),)](
         qi, q.stride(0), oi, out.stride(0), n_rows, W_in, W_out,
-        NCH=nch, BLOCK_R=block_r, BLOCK_W=block_w, num_warps=4,
+        NCH=nch, BLOCK_R=block_r, BLOCK_W=block_w, num_warps=warps,
     )
     return None
 
@@ -722,21 +806,23 @@ def _register_aot() -> None:
     # §2 indexer Q: H 64, D 128, R 64.
     p = {"pos_ptr": "*i64", "q_ptr": "*bf16", "cs_ptr": "*fp32", "w_ptr": "*bf16",
          "out_ptr": "*u8", "sc_ptr": "*u8", "wo_ptr": "*fp32"}
-    base = {"D": 128, "NOPE": 64, "HALF": 32, "BLOCK_T": 1, "BLOCK_H": 64, "BLOCK_P": 64}
+    base = {"D": 128, "NOPE": 64, "HALF": 32, "BLOCK_T": 1, "BLOCK_H": 64, "BLOCK_P": 64,
+            "OFF64": False}
     for tag, fp4, fnuz, hw, targets in (("fp8-ocp-hw", False, False, True, _CUDA + ("gfx950",)),
                                         ("fp8-ocp", False, False, False, _ALL),
                                         ("fp8-fnuz", False, True, False, _ALL),
                                         ("mxfp4", True, False, False, _ALL),
                                         ("mxfp4-hw", True, False, True, _CUDA)):
-        c = dict(base, USE_FP4=fp4, FNUZ=fnuz, CVT_HW=hw, WO_BF16=fp4)
+        c = dict(base, USE_FP4=fp4, FNUZ=fnuz, CVT_HW=hw, WO_BF16=fp4, SPLIT=not fp4)
         pp = dict(p, wo_ptr="*i16") if fp4 else p
         register(AotSpec(f"rope_kernels._indexer_q_kernel[{tag}]", _indexer_q_kernel,
                          _aot_signature(_indexer_q_kernel, pp, c, ("softmax_scale", "head_scale")),
-                         c, num_warps=8, targets=targets, divisible=("q_ptr", "out_ptr")))
+                         c, num_warps=4, targets=targets, divisible=("q_ptr", "out_ptr")))
 
     # §4 inverse RoPE: 8 heads per group, Dh 512 = 448 + 64.
     p = {"o_ptr": "*bf16", "pos_ptr": "*i64", "cs_ptr": "*fp32", "out_ptr": "*u8", "sc_ptr": "*fp32"}
-    base = {"HG": 8, "DH": 512, "NOPE": 448, "HALF": 32, "BLOCK_T": 2, "BLOCK_H": 8, "BLOCK_P": 256}
+    base = {"HG": 8, "DH": 512, "NOPE": 448, "HALF": 32, "BLOCK_T": 1, "BLOCK_H": 8, "BLOCK_P": 256,
+            "OFF64": False}
     for tag, qg, quant, packed, perm in (("qgs128-fp32", 128, True, False, False),
                                          ("qgs128-ue8m0", 128, True, True, False),
                                          ("qgs32-perm", 32, True, True, True),
@@ -746,18 +832,18 @@ def _register_aot() -> None:
             pp = dict(p, sc_ptr="*u8" if packed else "*fp32", out_ptr="*u8" if quant else "*i16")
             register(AotSpec(f"rope_kernels._inv_rope_kernel[{tag}{'-hw' if hw else ''}]",
                              _inv_rope_kernel, _aot_signature(_inv_rope_kernel, pp, c), c,
-                             num_warps=8, targets=targets, divisible=("o_ptr", "out_ptr")))
+                             num_warps=4, targets=targets, divisible=("o_ptr", "out_ptr")))
 
     # §5 query quant: Qs 1536, Ks 512.
     p = {"qr_ptr": "*bf16", "kv_ptr": "*bf16", "qw_ptr": "*bf16", "kvw_ptr": "*bf16",
          "qo_ptr": "*u8", "qs_ptr": "*u8", "kvo_ptr": "*i16"}
     for hw, targets in ((True, _CUDA), (False, _ALL)):
-        c = {"BLOCK_T": 4, "BLOCK_G": 64, "BLOCK_KV": 512, "Q_BF16": True, "KV_BF16": True,
-             "ACC_F64": True, "CVT_HW": hw}
+        c = {"BLOCK_T": 1, "BLOCK_TKV": 4, "BLOCK_G": 64, "BLOCK_KV": 512, "Q_BF16": True,
+             "KV_BF16": True, "ACC_F64": True, "CVT_HW": hw}
         register(AotSpec(f"rope_kernels._q_kv_rmsnorm_kernel[1536,512{'-hw' if hw else ''}]",
                          _q_kv_rmsnorm_kernel,
                          _aot_signature(_q_kv_rmsnorm_kernel, p, c, ("eps",)), c,
-                         num_warps=8, targets=targets, divisible=("qr_ptr", "qo_ptr")))
+                         num_warps=4, targets=targets, divisible=("qr_ptr", "qo_ptr")))
 
     # §6.3 Q head padding: 32 chunks, H_pad 64.
     c = {"NCH": 32, "BLOCK_R": 8, "BLOCK_W": 1024}

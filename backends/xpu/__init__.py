@@ -1,8 +1,8 @@
-"""Intel XPU backend: the shared Triton kernels through torch.xpu (Intel's Triton backend).
+"""Intel XPU backend: the shared Triton kernels through ``torch.xpu`` (PyTorch's XPU builds
+carry Intel's Triton backend).  intel-extension-for-pytorch is not used: it is end-of-life and
+pins torch 2.8."""
 
-intel-extension-for-pytorch is not needed: it is end-of-life and pins torch 2.8.
-"""
-
+from dsv41.backends.triton.sheet import TRITON_KERNELS
 from dsv41.registry import Backend
 
 
@@ -12,4 +12,5 @@ class XpuBackend(Backend):
     device_type = "xpu"
     vendors = ("intel",)
     requires = ("triton",)
-    kernels: dict = {}
+    kernels = dict(TRITON_KERNELS)
+    triton_source = True

@@ -26,4 +26,5 @@ class ReferenceBackend(Backend):
         "fused_inv_rope_fp8_quant": _R + "output_quant:fused_inv_rope_fp8_quant",
         "fused_q_kv_rmsnorm_quant": _R + "output_quant:fused_q_kv_rmsnorm_quant",
         "pad_fused_q_heads": _R + "output_quant:pad_fused_q_heads",
+        "transcode_k_cache": _R + "transcode:transcode_k_cache",
     }

@@ -1,0 +1,640 @@
+"""CuTe DSL kernel: ``dequantize_and_gather_k_cache`` for the fp8 records (spec cache_ops.md §4).
+
+Records (``k_cache.shape[-1]``):
+
+* 584 (V4 "fp8_ds_mla"): 448 e4m3 values x ue8m0 per 64 dims, then 64 raw bf16 (dims 448..511),
+  then 8 scale bytes (7 codes + pad) in the page's scale region;
+* 528 (V4.1 MXFP8): 512 e4m3 values x ue8m0 per 32 dims, 16 scale bytes.
+
+The 288-byte NVFP4 record is not handled here (the capability sheet routes it elsewhere).
+
+Numerics (§2.2, bit-exact with ``dsv41.reference.k_cache``): ``out = bf16_RNE(fp32(e4m3) *
+2^(code-127))`` with the scale built from its bits (``code << 23``: code 0 -> 0, 255 -> +inf), the
+e4m3 -> fp32 conversion exact (``cvt.rn.f16x2.e4m3x2`` then ``cvt.f32.f16``), the product a single
+``mul.rn.f32`` (exact: an e4m3 value times a power of two fits fp32, subnormals included) and one
+``cvt.rn.bf16x2.f32``.  Every NaN result (e4m3 NaN bytes, ``0 * inf``) is written as bf16 0x7FFF.
+The 584 tail is copied verbatim (NaN payloads kept).
+
+**OCP e4m3 (e4m3fn) only.**  The CuTe kernel does not decode FNUZ caches (``SUPPORTS_FNUZ`` is
+False) nor the 288 record: for those calls (``unsupported_reason`` says why) the launcher hands
+the call, unchanged, to the Triton kernel of the same op (``backends/triton/sheet.py``), so the
+op never raises for them and the selection stays per op.
+
+Work decomposition (bandwidth design): one warp per token, 8 warps per CTA, each warp keeps
+``_TOKENS_PER_WARP`` tokens in flight (all block-table and 16-byte record loads are issued before
+any decode).  Lane ``l`` owns output dims ``16l .. 16l+15`` (two 16-byte stores): for a quantized
+lane that is one 16-byte load of e4m3 bytes plus its scale byte; on the 584 record lanes 28..31
+copy the 128-byte bf16 tail (32 bytes each).  Grid ``(num_reqs, W)``; CTA ``(r, y)`` walks the
+token chunks ``y, y+W, ...`` of request r (grid-stride), so the result does not depend on W and
+``n`` (read on the device) needs no host sync.  Out-of-range tokens of the last chunk re-read the
+last valid token (always a valid address) and skip the store: only rows ``[offset, offset+n)`` are
+written.  ``block_table.stride(0)`` (and every other stride) is honoured.
+
+Compiled once per (arch, record, alignment class of the cache / output, gather_lens given) — every
+size, stride, pointer and ``block_size`` / ``offset`` is a runtime argument, so a new token count
+never recompiles.  The launch goes on the current torch CUDA stream, with no host sync and no
+allocation.
+
+The module also holds the small CuTe-DSL helpers shared with ``cutedsl_indexer_q`` (raw
+global loads/stores of 32-bit words at a given alignment, compile cache, fast launcher).
+``cutlass`` is imported lazily, so the pure-Python parts (geometry, ``lane_layout``,
+``token_addresses``) import without it.
+"""
+
+import ctypes
+import importlib
+import os
+import threading
+
+import torch
+
+__all__ = [
+    "dequantize_and_gather_k_cache",
+    "unsupported_reason",
+    "SUPPORTS_FNUZ",
+    "RECORDS",
+    "compile_gather",
+    "aot_variants",
+    "lane_layout",
+    "token_addresses",
+    "gather_grid",
+]
+
+SUPPORTS_FNUZ = False
+
+WARPS = 8  # warps per CTA (256 threads)
+TOKENS_PER_WARP = 4  # tokens a warp keeps in flight per chunk
+TOKENS_PER_CTA = WARPS * TOKENS_PER_WARP
+THREADS = WARPS * 32
+# CTAs per request are capped at about this many waves' worth of CTAs over all requests
+# (the grid-stride loop covers the rest); 8 CTAs of 256 threads fill one SM.
+_CTAS_PER_SM = 8
+
+# record width -> (value bytes, scale bytes, quantized dims, group)
+RECORDS = {
+    584: (576, 8, 448, 64),
+    528: (512, 16, 512, 32),
+}
+
+
+# --------------------------------------------------------------------------------------
+# Pure-Python geometry (shared by the kernel and the CPU model used in the tests)
+# --------------------------------------------------------------------------------------
+
+
+def lane_layout(width: int, lane, select):
+    """Per-lane constants of the gather.
+
+    Returns ``(is_quant, value_off, scale_off)``: whether lane ``lane`` decodes e4m3 (else it
+    copies 32 bytes of the 584 bf16 tail), the byte offset of its first value byte inside the
+    token's value record, and the offset of its scale byte inside the token's scale record.
+    ``select(cond, a, b)`` is the where-function of the caller (Python / torch / DSL).
+    """
+    vb, sb, qd, group = RECORDS[width]
+    quant_lanes = qd // 16
+    per_scale = group // 16  # lanes sharing one scale byte
+    if quant_lanes == 32:
+        is_quant = None  # every lane
+        value_off = lane * 16
+    else:
+        is_quant = lane < quant_lanes
+        value_off = select(is_quant, lane * 16, qd + (lane - quant_lanes) * 32)
+    scale_off = lane // per_scale  # tail lanes land on the pad byte (never used)
+    return is_quant, value_off, scale_off
+
+
+def token_addresses(width: int, block_size, page_bytes, blk, t):
+    """Byte offsets (from the cache's first byte) of the value record and the scale record of
+    page token ``t`` of block ``blk`` (spec §1.1-§1.3).  Works on ints, torch or DSL values."""
+    vb, sb, _, _ = RECORDS[width]
+    page = blk * page_bytes
+    return page + t * vb, page + block_size * vb + t * sb
+
+
+def gather_grid(num_reqs: int, max_rows: int, num_sms: int) -> tuple[int, int]:
+    """Launch grid ``(num_reqs, W)``; any W >= 1 gives the same bytes (grid-stride loop)."""
+    chunks = max(1, -(-max_rows // TOKENS_PER_CTA))
+    cap = max(1, -(-(num_sms * _CTAS_PER_SM) // max(num_reqs, 1)))
+    return num_reqs, max(1, min(chunks, cap, 65535))
+
+
+def alignment(*values: int) -> int:
+    """Largest power of two <= 16 dividing every value (addresses and byte strides)."""
+    a = 16
+    for v in values:
+        while a > 1 and v % a:
+            a //= 2
+    return a
+
+
+# --------------------------------------------------------------------------------------
+# CuTe DSL helpers (shared with cutedsl_indexer_q)
+# --------------------------------------------------------------------------------------
+
+
+def ld_words(addr, nbytes: int, align: int, pred=None, nc: bool = True):
+    """Load ``nbytes`` (a multiple of 4) from global byte address ``addr`` (Int64) as a list of
+    Uint32 words (little endian), with the widest accesses ``align`` allows.
+
+    ``pred`` (only honoured for single-instruction accesses, align >= 4) skips the load when
+    false (the words are then undefined and must not be used)."""
+    from cutlass import Int64, Uint32
+    from cutlass.cute.arch import inline_ptx
+
+    sp = ".nc" if nc else ""
+    words = []
+    if align >= 4:
+        vec = min(align // 4, 4, nbytes // 4)
+        while (nbytes // 4) % vec:
+            vec //= 2
+        for off in range(0, nbytes, 4 * vec):
+            a = addr + Int64(off) if off else addr
+            if vec == 1:
+                ptx = f"ld.global{sp}.u32 {{$w0}}, [{{$r0}}];"
+            else:
+                regs = ", ".join(f"{{$w{k}}}" for k in range(vec))
+                ptx = f"ld.global{sp}.v{vec}.u32 {{{regs}}}, [{{$r0}}];"
+            res = inline_ptx(ptx, write_only_types=[Uint32] * vec, read_only_args=[a], predicate=pred)
+            words.extend([res] if vec == 1 else list(res))
+        return words
+    for off in range(0, nbytes, 4):
+        if align == 2:
+            ptx = (
+                "{ .reg .b16 lo, hi;\n"
+                f"ld.global{sp}.u16 lo, [{{$r0}}+{off}];\n"
+                f"ld.global{sp}.u16 hi, [{{$r0}}+{off + 2}];\n"
+                "mov.b32 {$w0}, {lo, hi}; }"
+            )
+        else:
+            ptx = (
+                "{ .reg .b32 b0, b1, b2, b3;\n"
+                f"ld.global{sp}.u8 b0, [{{$r0}}+{off}];\n"
+                f"ld.global{sp}.u8 b1, [{{$r0}}+{off + 1}];\n"
+                f"ld.global{sp}.u8 b2, [{{$r0}}+{off + 2}];\n"
+                f"ld.global{sp}.u8 b3, [{{$r0}}+{off + 3}];\n"
+                "prmt.b32 b0, b0, b1, 0x3340;\n"
+                "prmt.b32 b2, b2, b3, 0x3340;\n"
+                "prmt.b32 {$w0}, b0, b2, 0x5410; }"
+            )
+        words.append(inline_ptx(ptx, write_only_types=[Uint32], read_only_args=[addr]))
+    return words
+
+
+def st_words(addr, words, align: int, pred=None) -> None:
+    """Store Uint32 ``words`` at global byte address ``addr`` (Int64), widest accesses allowed by
+    ``align``; every store instruction is predicated on ``pred`` (None: unconditional)."""
+    from cutlass import Int64, Uint32
+    from cutlass.cute.arch import inline_ptx
+
+    n = len(words)
+    if align >= 4:
+        vec = min(align // 4, 4, n)
+        while n % vec:
+            vec //= 2
+        for k in range(0, n, vec):
+            a = addr + Int64(4 * k) if k else addr
+            if vec == 1:
+                ptx = "st.global.u32 [{$r0}], {$r1};"
+            else:
+                regs = ", ".join(f"{{$r{j + 1}}}" for j in range(vec))
+                ptx = f"st.global.v{vec}.u32 [{{$r0}}], {{{regs}}};"
+            inline_ptx(ptx, read_only_args=[a] + list(words[k : k + vec]), predicate=pred)
+        return
+    for k, w in enumerate(words):
+        a = addr + Int64(4 * k) if k else addr
+        if align == 2:
+            lo = inline_ptx("and.b32 {$w0}, {$r0}, 0xFFFF;", write_only_types=[Uint32], read_only_args=[w])
+            hi = inline_ptx("shr.u32 {$w0}, {$r0}, 16;", write_only_types=[Uint32], read_only_args=[w])
+            inline_ptx("st.global.u16 [{$r0}], {$r1};", read_only_args=[a, lo], predicate=pred)
+            inline_ptx("st.global.u16 [{$r0}+2], {$r1};", read_only_args=[a, hi], predicate=pred)
+        else:
+            for j in range(4):
+                b = inline_ptx(
+                    f"bfe.u32 {{$w0}}, {{$r0}}, {8 * j}, 8;", write_only_types=[Uint32], read_only_args=[w]
+                )
+                inline_ptx(f"st.global.u8 [{{$r0}}+{j}], {{$r1}};", read_only_args=[a, b], predicate=pred)
+
+
+def ld_s32(addr):
+    """Scalar int32 load (read-only path)."""
+    from cutlass import Int32
+    from cutlass.cute.arch import inline_ptx
+
+    return inline_ptx("ld.global.nc.s32 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[addr])
+
+
+def ld_u8(addr):
+    """Scalar byte load, zero-extended to Uint32."""
+    from cutlass import Uint32
+    from cutlass.cute.arch import inline_ptx
+
+    return inline_ptx("ld.global.nc.u8 {$w0}, [{$r0}];", write_only_types=[Uint32], read_only_args=[addr])
+
+
+def to_global(addr):
+    """``cvta.to.global`` of a generic address passed from Python (identity on current GPUs)."""
+    from cutlass import Int64
+    from cutlass.cute.arch import inline_ptx
+
+    return inline_ptx("cvta.to.global.u64 {$w0}, {$r0};", write_only_types=[Int64], read_only_args=[addr])
+
+
+def sel_u32(cond, a, b):
+    """``cond ? a : b`` on Uint32 words."""
+    import cutlass
+    from cutlass import Uint32
+
+    return Uint32(cutlass.select_(cond, a, b))
+
+
+# --------------------------------------------------------------------------------------
+# Compile cache and launch plumbing (shared with cutedsl_indexer_q)
+# --------------------------------------------------------------------------------------
+
+_LOCK = threading.RLock()
+
+
+_ARCH: dict = {}
+
+
+def device_arch(idx: int) -> str:
+    """``sm_90a`` / ``sm_100a`` / ``sm_103a`` ... of CUDA device ``idx`` (cached)."""
+    arch = _ARCH.get(idx)
+    if arch is None:
+        major, minor = torch.cuda.get_device_capability(idx)
+        arch = _ARCH[idx] = f"sm_{major}{minor}a"
+    return arch
+
+
+_SM_COUNT: dict = {}
+
+
+def sm_count(idx: int) -> int:
+    n = _SM_COUNT.get(idx)
+    if n is None:
+        n = _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return n
+
+
+def device_index(device) -> int:
+    idx = device.index
+    return idx if idx is not None else torch.cuda.current_device()
+
+
+_CTYPES = {"i64": ctypes.c_int64, "i32": ctypes.c_int32, "f32": ctypes.c_float}
+
+
+class FastLaunch:
+    """Calls a ``cute.compile``d host function whose arguments are scalars only.
+
+    ``kinds`` lists the argument kinds (``"i64"``, ``"i32"``, ``"f32"``); the CUDA stream comes
+    last (implicit).  One executor per device (``compiled.to(device)``, which loads the module
+    once).  The fast path writes the values into preallocated per-thread ctypes cells and runs
+    the compiled program directly, skipping the DSL's per-call argument marshalling (~1 us of
+    Python per argument); it is used only after ``check_layout`` confirmed, on the first call,
+    that the DSL marshals the same arguments to the same bytes.  ``DSV41_CUTEDSL_SLOW_LAUNCH=1``
+    forces the DSL's own marshalling.
+    """
+
+    def __init__(self, compiled, kinds: tuple):
+        self.compiled = compiled
+        self.kinds = tuple(kinds)
+        self._tls = threading.local()
+        self._executors: dict = {}
+        self._fast = os.environ.get("DSV41_CUTEDSL_SLOW_LAUNCH", "0") in ("", "0")
+        self._verified = None
+
+    def _typed(self, values, stream):
+        from cutlass import Float32, Int32, Int64
+
+        conv = {"i64": Int64, "i32": Int32, "f32": Float32}
+        return [conv[k](v) for k, v in zip(self.kinds, values)] + [stream]
+
+    def _cells(self, values, stream_handle: int):
+        cells = getattr(self._tls, "cells", None)
+        if cells is None:
+            store = [_CTYPES[k]() for k in self.kinds] + [ctypes.c_void_p()]
+            ptrs = [ctypes.c_void_p(ctypes.addressof(c)) for c in store]
+            cells = self._tls.cells = (store, ptrs)
+        store, ptrs = cells
+        for cell, v in zip(store, values):
+            cell.value = v
+        store[-1].value = stream_handle
+        return store, ptrs
+
+    def check_layout(self, values, stream_handle: int) -> bool:
+        """True when the DSL marshals ``values`` (+ stream) as one pointer per argument to the
+        same bytes the fast path's cells hold.  Needs no GPU."""
+        import cuda.bindings.driver as cuda
+
+        st = cuda.CUstream(stream_handle)
+        typed = self._typed(values, st)
+        exe_args, keep = self.compiled.generate_execution_args(*typed)
+        store, _ = self._cells(values, stream_handle)
+        if len(exe_args) != len(store):
+            return False
+        for ea, cell in zip(exe_args, store):
+            addr = ea.value if isinstance(ea, ctypes.c_void_p) else int(ea)
+            if not addr or ctypes.string_at(addr, ctypes.sizeof(cell)) != bytes(cell):
+                return False
+        del keep, typed
+        return True
+
+    def executor(self, device_index: int):
+        ex = self._executors.get(device_index)
+        if ex is None:
+            with _LOCK:
+                ex = self._executors.get(device_index)
+                if ex is None:
+                    ex = self._executors[device_index] = self.compiled.to(device_index)
+        return ex
+
+    def __call__(self, values, stream_handle: int, device_index: int) -> None:
+        ex = self.executor(device_index)
+        if self._fast:
+            if self._verified is None:
+                self._verified = self.check_layout(values, stream_handle)
+            if self._verified:
+                _, ptrs = self._cells(values, stream_handle)
+                ex.run_compiled_program(ptrs)
+                return
+        import cuda.bindings.driver as cuda
+
+        typed = self._typed(values, cuda.CUstream(stream_handle))
+        exe_args, keep = self.compiled.generate_execution_args(*typed)
+        ex.run_compiled_program(exe_args)
+        del keep
+
+
+def compile_options(arch: str):
+    import cutlass.cute as cute
+
+    return cute.GPUArch(arch)
+
+
+_FALLBACK: dict = {}
+
+
+def triton_fallback(op: str):
+    """The shared Triton launcher of ``op`` (what the cuda:triton sheet runs), loaded once."""
+    fn = _FALLBACK.get(op)
+    if fn is None:
+        from dsv41.backends.triton.sheet import TRITON_KERNELS
+
+        module, _, name = TRITON_KERNELS[op].partition(":")
+        fn = _FALLBACK[op] = getattr(importlib.import_module(module), name)
+    return fn
+
+
+# --------------------------------------------------------------------------------------
+# The kernel
+# --------------------------------------------------------------------------------------
+
+# e4m3 x4 (one word) times an fp32 power of two -> two bf16x2 words; NaN -> 0x7FFF.
+_DEC_WORD = """{
+.reg .b16 q0, q1, h0, h1, h2, h3;
+.reg .b32 p0, p1;
+.reg .f32 f0, f1, f2, f3;
+.reg .pred n0, n1, n2, n3;
+mov.b32 {q0, q1}, {$r0};
+cvt.rn.f16x2.e4m3x2 p0, q0;
+cvt.rn.f16x2.e4m3x2 p1, q1;
+mov.b32 {h0, h1}, p0;
+mov.b32 {h2, h3}, p1;
+cvt.f32.f16 f0, h0;
+cvt.f32.f16 f1, h1;
+cvt.f32.f16 f2, h2;
+cvt.f32.f16 f3, h3;
+mul.rn.f32 f0, f0, {$r1};
+mul.rn.f32 f1, f1, {$r1};
+mul.rn.f32 f2, f2, {$r1};
+mul.rn.f32 f3, f3, {$r1};
+setp.nan.f32 n0, f0, f0;
+setp.nan.f32 n1, f1, f1;
+setp.nan.f32 n2, f2, f2;
+setp.nan.f32 n3, f3, f3;
+selp.f32 f0, 0f7FFFFFFF, f0, n0;
+selp.f32 f1, 0f7FFFFFFF, f1, n1;
+selp.f32 f2, 0f7FFFFFFF, f2, n2;
+selp.f32 f3, 0f7FFFFFFF, f3, n3;
+cvt.rn.bf16x2.f32 {$w0}, f1, f0;
+cvt.rn.bf16x2.f32 {$w1}, f3, f2;
+}"""
+
+_SCALE_FROM_CODE = "{ .reg .b32 t; shl.b32 t, {$r0}, 23; mov.b32 {$w0}, t; }"
+
+# Runtime argument kinds of the host function (stream last, implicit).
+_GATHER_ARGS = (
+    "i64",  # out address
+    "i64",  # k_cache address
+    "i64",  # seq_lens address
+    "i64",  # gather_lens address (0 when absent)
+    "i64",  # block_table address
+    "i64",  # out.stride(0) in bytes
+    "i64",  # out.stride(1) in bytes
+    "i64",  # k_cache.stride(0) (page bytes)
+    "i64",  # block_table.stride(0) in bytes
+    "i64",  # seq_lens.stride(0) in bytes
+    "i64",  # gather_lens.stride(0) in bytes
+    "i32",  # block_size
+    "i32",  # offset
+    "i32",  # grid x (num_reqs)
+    "i32",  # grid y (W)
+)
+
+
+def _make_gather(width: int, align_in: int, align_out: int, has_gather: bool):
+    """Build the (kernel, host) pair for one variant.  All variant parameters are Python
+    constants captured by the closures (compile-time); everything else is a runtime argument."""
+    import cuda.bindings.driver as cuda
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Float32, Int32, Int64, Uint32
+    from cutlass.cute.arch import inline_ptx
+
+    vb, sb, qd, group = RECORDS[width]
+    has_tail = qd < 512
+    U = TOKENS_PER_WARP
+
+    @cute.kernel
+    def gather_kernel(
+        out: Int64, cache: Int64, seq_lens: Int64, gather_lens: Int64, block_table: Int64,
+        out_s0: Int64, out_s1: Int64, page_bytes: Int64, bt_s0: Int64, sl_s: Int64, gl_s: Int64,
+        block_size: Int32, offset: Int32,
+    ):
+        tid, _, _ = cute.arch.thread_idx()
+        r, cy, _ = cute.arch.block_idx()
+        _, ny, _ = cute.arch.grid_dim()
+        lane = tid % 32
+        warp = tid // 32
+
+        L = ld_s32(to_global(seq_lens) + Int64(r) * sl_s)
+        n = L
+        if cutlass.const_expr(has_gather):
+            n = ld_s32(to_global(gather_lens) + Int64(r) * gl_s)
+        start = L - n
+        bsz = Uint32(block_size)
+        bt_row = to_global(block_table) + Int64(r) * bt_s0
+        base = to_global(cache)
+        out_row = to_global(out) + Int64(r) * out_s0 + Int64(offset) * out_s1 + Int64(lane * 32)
+
+        is_quant, value_off, scale_off = lane_layout(
+            width, lane, lambda c, a, b: Int32(cutlass.select_(c, a, b))
+        )
+        value_off = Int64(value_off)
+        scale_off = Int64(scale_off)
+        tail_pred = None
+        if cutlass.const_expr(has_tail):
+            tail_pred = lane >= qd // 16
+
+        for c in cutlass.range(cy * TOKENS_PER_CTA, n, ny * TOKENS_PER_CTA):
+            i0 = c + warp * U
+            if i0 < n:  # warp-uniform: warps past the end of a short request do nothing
+                # 1) addresses of U tokens (the last chunk's overhang re-reads token n-1)
+                vaddr = []
+                saddr = []
+                for u in cutlass.range_constexpr(U):
+                    i = cutlass.min(i0 + u, n - 1)
+                    pos = Uint32(start + i)  # >= 0: unsigned division is exact and cheaper
+                    bi = pos // bsz
+                    t = pos - bi * bsz
+                    blk = ld_s32(bt_row + Int64(bi) * 4)
+                    voff, soff = token_addresses(width, Int64(block_size), page_bytes, Int64(blk), Int64(t))
+                    vaddr.append(base + voff + value_off)
+                    saddr.append(base + soff + scale_off)
+                # 2) all record loads in flight
+                raw = []
+                codes = []
+                for u in cutlass.range_constexpr(U):
+                    w = ld_words(vaddr[u], 16, align_in)
+                    if cutlass.const_expr(has_tail):
+                        # 584: the second 16 bytes are needed by the bf16-tail lanes only (for the
+                        # others the address is still inside the record, so a load is harmless)
+                        w = w + ld_words(vaddr[u] + Int64(16), 16, align_in, pred=tail_pred if align_in >= 4 else None)
+                    raw.append(w)
+                    codes.append(ld_u8(saddr[u]))
+                # 3) decode and store
+                for u in cutlass.range_constexpr(U):
+                    scale = inline_ptx(_SCALE_FROM_CODE, write_only_types=[Float32], read_only_args=[codes[u]])
+                    words = []
+                    for k in cutlass.range_constexpr(4):
+                        o0, o1 = inline_ptx(
+                            _DEC_WORD, write_only_types=[Uint32, Uint32], read_only_args=[raw[u][k], scale]
+                        )
+                        words.append(o0)
+                        words.append(o1)
+                    if cutlass.const_expr(has_tail):
+                        words = [sel_u32(is_quant, words[k], raw[u][k]) for k in range(8)]
+                    valid = i0 + u < n
+                    st_words(out_row + Int64(i0 + u) * out_s1, words, align_out, pred=valid)
+
+    @cute.jit
+    def gather_host(
+        out: Int64, cache: Int64, seq_lens: Int64, gather_lens: Int64, block_table: Int64,
+        out_s0: Int64, out_s1: Int64, page_bytes: Int64, bt_s0: Int64, sl_s: Int64, gl_s: Int64,
+        block_size: Int32, offset: Int32, grid_x: Int32, grid_y: Int32, stream: cuda.CUstream,
+    ):
+        gather_kernel(
+            out, cache, seq_lens, gather_lens, block_table, out_s0, out_s1, page_bytes,
+            bt_s0, sl_s, gl_s, block_size, offset,
+        ).launch(grid=[grid_x, grid_y, 1], block=[THREADS, 1, 1], stream=stream)
+
+    return gather_kernel, gather_host
+
+
+_COMPILED: dict = {}
+
+
+def _example_args():
+    from cutlass import Int32, Int64
+
+    return [Int64(0)] * 11 + [Int32(64), Int32(0), Int32(1), Int32(1)]
+
+
+def compile_gather(arch: str, width: int, align_in: int = 16, align_out: int = 16, has_gather: bool = True):
+    """Compile (or fetch) one variant for ``arch`` (``sm_90a``, ``sm_100a``, ...); needs no GPU.
+    Returns a ``FastLaunch``."""
+    key = (arch, width, align_in, align_out, has_gather)
+    fn = _COMPILED.get(key)
+    if fn is not None:
+        return fn
+    with _LOCK:
+        fn = _COMPILED.get(key)
+        if fn is None:
+            import cutlass.cute as cute
+            from cutlass.cute.runtime import make_fake_stream
+
+            _, host = _make_gather(width, align_in, align_out, has_gather)
+            compiled = cute.compile[compile_options(arch)](host, *_example_args(), make_fake_stream())
+            fn = _COMPILED[key] = FastLaunch(compiled, _GATHER_ARGS)
+    return fn
+
+
+def aot_variants():
+    """(name, builder(arch)) pairs that ``cutedsl_aot.compile_all`` builds."""
+    out = []
+    for width in RECORDS:
+        for has_gather in (True, False):
+            out.append((
+                f"gather[{width},a16,o16,gl={int(has_gather)}]",
+                lambda arch, w=width, g=has_gather: compile_gather(arch, w, 16, 16, g),
+            ))
+        # the fallback for oddly aligned views
+        out.append((
+            f"gather[{width},a1,o2,gl=1]",
+            lambda arch, w=width: compile_gather(arch, w, 1, 2, True),
+        ))
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Launcher (kernel-contract signature)
+# --------------------------------------------------------------------------------------
+
+
+def unsupported_reason(out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, use_fnuz):
+    """None when the CuTe kernel handles the call (kernel-contract arguments), else why the
+    launcher hands it to the Triton kernel (the 288 NVFP4 record, FNUZ caches)."""
+    if k_cache.shape[-1] not in RECORDS:
+        return f"cuda:cutedsl gather handles the 584 / 528 records, not {k_cache.shape[-1]}"
+    if use_fnuz:
+        return "cuda:cutedsl gather decodes OCP e4m3 only (use_fnuz=True)"
+    return None
+
+
+def dequantize_and_gather_k_cache(
+    out, k_cache, seq_lens, gather_lens, block_table, block_size: int, offset: int, use_fnuz: bool
+) -> None:
+    """Kernel-contract entry (docs/kernel_contract.md): writes ``out[r, offset:offset+n]``.
+
+    FNUZ caches and the 288 record go to the Triton kernel (``unsupported_reason``)."""
+    width = k_cache.shape[-1]
+    if use_fnuz or width not in RECORDS:
+        return triton_fallback("dequantize_and_gather_k_cache")(
+            out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, use_fnuz
+        )
+    num_reqs = seq_lens.shape[0]
+    if num_reqs == 0:
+        return
+    dev = out.device
+    idx = device_index(dev)
+    cache_ptr = k_cache.data_ptr()
+    page_bytes = k_cache.stride(0)
+    out_ptr = out.data_ptr()
+    os0, os1, _ = out.stride()
+    s0, s1 = 2 * os0, 2 * os1
+    has_gather = gather_lens is not None
+    fn = compile_gather(
+        device_arch(idx), width, alignment(cache_ptr, page_bytes), alignment(out_ptr, s0, s1), has_gather
+    )
+    grid_x, grid_y = gather_grid(num_reqs, out.shape[1] - offset, sm_count(idx))
+    fn(
+        (
+            out_ptr, cache_ptr, seq_lens.data_ptr(), gather_lens.data_ptr() if has_gather else 0,
+            block_table.data_ptr(), s0, s1, page_bytes, 4 * block_table.stride(0),
+            4 * seq_lens.stride(0), 4 * gather_lens.stride(0) if has_gather else 0,
+            block_size, offset, grid_x, grid_y,
+        ),
+        torch.cuda.current_stream(idx).cuda_stream,
+        idx,
+    )

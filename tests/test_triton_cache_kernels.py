@@ -1,0 +1,907 @@
+"""The shared Triton cache kernels (backends/triton/cache_kernels.py) in Triton's CPU
+interpreter, byte for byte against the pure-PyTorch reference and the H200 golden vectors.
+
+Interpreter setup (works when the whole suite runs in one process, whatever was imported
+before, with or without ``TRITON_INTERPRET`` in the environment):
+
+* ``triton_interp.enable_exact_interpreter()`` makes the interpreter bit-exact (fp8 / bf16
+  casts through torch, single-rounding fma, float64-evaluated log2) and lets interpreted
+  kernels call compiled-mode ``@triton.jit`` functions (Triton's own ``tl.max``...);
+* ``triton_interp.load_interpreted()`` imports a *private* copy of the kernel module with
+  ``TRITON_INTERPRET=1`` set only for that import; ``sys.modules`` keeps the real module.
+
+Every kernel runs in both vendor flavours: ``native`` (OCP e4m3 / bf16 through Triton's
+casts, as on NVIDIA) and ``soft`` (integer encoders, as on ROCm / XPU).  Inputs are small
+(a few programs per launch) so the file runs in well under two minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+import pathlib
+import tarfile
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import triton.language as tl  # noqa: E402
+import triton_interp  # noqa: E402  (tests/ is on sys.path: conftest / rootdir import)
+
+from dsv41.codecs import (  # noqa: E402
+    ceil_log2,
+    e2m1_encode,
+    e4m3_decode,
+    e4m3_encode,
+)
+from dsv41.reference import compress as ref_compress  # noqa: E402
+from dsv41.reference import indexer as ref_indexer  # noqa: E402
+from dsv41.reference import k_cache as ref_k_cache  # noqa: E402
+
+try:
+    triton_interp.enable_exact_interpreter()
+    CK = triton_interp.load_interpreted("dsv41.backends.triton.cache_kernels")
+    INTERP_ERROR = None
+except RuntimeError as _exc:
+    # An unverified Triton (e.g. 3.6 on the GPU host): fail loudly where the interpreter
+    # tests are the point (no GPU), run only the GPU tests below otherwise.
+    if not torch.cuda.is_available():
+        raise
+    CK = None
+    INTERP_ERROR = str(_exc)
+
+HAS_CUDA = torch.cuda.is_available()
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+
+@pytest.fixture(autouse=True)
+def _interpreter_or_gpu(request):
+    if CK is None and request.node.get_closest_marker("gpu") is None:
+        pytest.skip(f"Triton interpreter not usable here: {INTERP_ERROR}")
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+VECTORS = pathlib.Path(
+    os.environ.get("DSV41_VECTORS", REPO.parent / "shared" / "vectors" / "vllm-sm90.tar.xz")
+)
+
+F32 = torch.float32
+BF16 = torch.bfloat16
+
+# numpy warns about the overflows / NaNs the edge-case inputs are made of
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:invalid value encountered:RuntimeWarning",
+    "ignore:overflow encountered:RuntimeWarning",
+)
+
+
+@pytest.fixture(params=["native", "soft"])
+def flavour(request):
+    """Vendor flavour of the conversions (native casts as on NVIDIA, integer encoders)."""
+    if CK is None:
+        pytest.skip(f"Triton interpreter not usable here: {INTERP_ERROR}")
+    old = dict(CK.CONFIG)
+    CK.CONFIG["soft_fp8"] = request.param == "soft"
+    yield request.param
+    CK.CONFIG.clear()
+    CK.CONFIG.update(old)
+
+
+@pytest.fixture
+def log2_mode(request):
+    if CK is None:
+        pytest.skip(f"Triton interpreter not usable here: {INTERP_ERROR}")
+    old = CK.CONFIG["exact_log2"]
+    CK.CONFIG["exact_log2"] = request.param
+    yield request.param
+    CK.CONFIG["exact_log2"] = old
+
+
+# --------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------
+
+
+def _clone(v):
+    """Copy of a tensor with its whole backing storage, same view (size, stride, offset)."""
+    if not torch.is_tensor(v):
+        return v
+    raw = torch.empty(v.untyped_storage().nbytes(), dtype=torch.uint8)
+    raw.untyped_storage().copy_(v.untyped_storage())
+    return torch.empty(0, dtype=v.dtype).set_(raw.untyped_storage(), v.storage_offset(),
+                                              v.shape, v.stride())
+
+
+def _storage(v: torch.Tensor) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8, device=v.device).set_(v.untyped_storage())
+
+
+def _both(kernel, reference, args: list, outs: list[int]):
+    """Run kernel and reference on separate clones; assert every storage byte of every
+    output argument agrees (padding and canaries included)."""
+    a = [_clone(x) for x in args]
+    b = [_clone(x) for x in args]
+    kernel(*a)
+    reference(*b)
+    for i in outs:
+        got, exp = _storage(a[i]), _storage(b[i])
+        bad = (got != exp).nonzero().flatten()
+        assert bad.numel() == 0, (
+            f"arg {i}: {bad.numel()} bytes differ, first at {bad[:8].tolist()}: "
+            f"got {got[bad[:8]].tolist()} expected {exp[bad[:8]].tolist()}"
+        )
+    return a, b
+
+
+def _paged(nb: int, B: int, width: int, pad: int, fill=0xA5, offset=0):
+    """uint8 ``[nb, B, width]`` view with page stride ``B*width + pad`` (+ storage offset)."""
+    page = B * width + pad
+    base = torch.full((offset + nb * page + 7,), fill, dtype=torch.uint8)
+    return base.as_strided((nb, B, width), (page, width, 1), offset)
+
+
+def _cos_sin(max_pos=64, dtype=F32):
+    inv = 10000.0 ** (-torch.arange(32, dtype=torch.float64) / 32)
+    ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv[None]
+    return torch.cat((ang.cos(), ang.sin()), 1).to(dtype)
+
+
+def _rows(n: int, width: int = 512, seed: int = 0, nonfinite: bool = False) -> torch.Tensor:
+    """bf16 rows of the edge kinds the spec cares about (one kind per row, cycling)."""
+    g = torch.Generator().manual_seed(seed)
+    out = torch.empty(n, width, dtype=F32)
+    kinds = ["normal", "zero", "negzero", "signedzeros", "tiny", "verytiny", "huge", "maxbf16",
+             "exact448", "ties", "mixed", "large"]
+    if nonfinite:
+        kinds += ["inf", "nan"]
+    for r in range(n):
+        kind = kinds[r % len(kinds)]
+        x = torch.randn(width, generator=g)
+        if kind == "normal":
+            sc = torch.exp2(torch.randint(-6, 7, (width // 32,), generator=g).float())
+            x = x * sc.repeat_interleave(32)
+        elif kind == "zero":
+            x = torch.zeros(width)
+        elif kind == "negzero":
+            x = torch.full((width,), -0.0)
+        elif kind == "signedzeros":
+            x = torch.where(torch.rand(width, generator=g) < 0.5, 0.0, -0.0)
+            x[::7] = torch.randn(x[::7].shape, generator=g)
+        elif kind == "tiny":
+            x = x * 1e-6
+        elif kind == "verytiny":
+            x = x * 1e-30
+        elif kind == "huge":
+            x = x * 3e30
+        elif kind == "maxbf16":
+            x = torch.where(torch.rand(width, generator=g) < 0.5, 3.3895e38, -3.3895e38) * (
+                torch.rand(width, generator=g) < 0.3).float()
+        elif kind == "exact448":
+            x = x.clamp(-3, 3)
+            for grp in range(0, width, 32):
+                k = int(torch.randint(-8, 8, (1,), generator=g))
+                x[grp + (grp // 32) % 32] = 448.0 * 2.0**k * (1 if grp % 64 else -1)
+        elif kind == "ties":
+            # e4m3 rounding ties and subnormals at scale 2^0 (group amax 448)
+            ties = torch.tensor([1.0625, 2.125, 9.5, 17.0, 0.0029296875, 0.0048828125, 0.5625,
+                                 -1.0625, -9.5, 208.0, 240.0, 232.0, -0.0009765625, 3.0e-3])
+            x = ties[torch.randint(0, len(ties), (width,), generator=g)]
+            x[::32] = 448.0
+        elif kind == "mixed":
+            x[:32] = 0.0
+            x[32:64] = -0.0
+            x[64:96] *= 1e-6
+            x[96:128] *= 1e4
+        elif kind == "large":
+            x = x * 1e4
+        elif kind == "inf":
+            x[5] = float("inf")
+            x[40] = float("-inf")
+            x[300] = float("inf")
+        elif kind == "nan":
+            x[3] = float("nan")
+            x[77] = float("nan")
+            x[460] = float("nan")
+        out[r] = x
+    return out.to(BF16)
+
+
+# --------------------------------------------------------------------------------------
+# number helpers, one interpreted probe kernel per helper
+# --------------------------------------------------------------------------------------
+
+
+def _probe(x_ptr, out_ptr, n, OP: tl.constexpr, FNUZ: tl.constexpr, SOFT: tl.constexpr,
+           EXACT: tl.constexpr, BLOCK: tl.constexpr):
+    """Interpreted probe of one number helper (not a compiled kernel)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    if OP == 0:
+        y = CK._ceil_log2(tl.load(x_ptr + offs, mask=m, other=1.0), EXACT)
+    elif OP == 1:
+        y = CK._e4m3_encode(tl.load(x_ptr + offs, mask=m, other=0.0), FNUZ, SOFT)
+    elif OP == 2:
+        y = CK._e4m3_decode(tl.load(x_ptr + offs, mask=m, other=0), FNUZ, SOFT)
+    elif OP == 3:
+        y = CK._bf16_bits(tl.load(x_ptr + offs, mask=m, other=0.0), SOFT)
+    elif OP == 4:
+        y = CK._exp2_rn(tl.load(x_ptr + offs, mask=m, other=0.0))
+    elif OP == 5:
+        y = CK._e2m1_code(tl.load(x_ptr + offs, mask=m, other=0.0)).to(tl.uint8)
+    else:
+        y = CK._rsqrt_rn(tl.load(x_ptr + offs, mask=m, other=1.0))
+    tl.store(out_ptr + offs, y, mask=m)
+
+
+@functools.lru_cache(maxsize=None)
+def _probe_kernel():
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return InterpretedFunction(_probe)
+
+
+def _run_probe(op, x, out_dtype, fnuz=False, soft=True, exact=True):
+    out = torch.empty(x.shape, dtype=out_dtype)
+    n = x.numel()
+    block = 1 << max(4, (n - 1).bit_length())
+    _probe_kernel()[(1,)](x, out, n, OP=op, FNUZ=fnuz, SOFT=soft, EXACT=exact, BLOCK=block)
+    return out
+
+
+def _ceil_log2_inputs() -> torch.Tensor:
+    k = torch.arange(-126, 128, dtype=torch.int64)
+    j = torch.cat((torch.arange(0, 48), torch.tensor([1 << 20, (1 << 23) - 2, (1 << 23) - 1])))
+    bits = ((k[:, None] + 127) << 23) | j[None, :]
+    g = torch.Generator().manual_seed(3)
+    rnd = torch.randint(0x00800000, 0x7F800000, (4000,), generator=g)
+    bits = torch.cat((bits.flatten(), rnd, torch.tensor([0x7F800000])))
+    return bits.to(torch.int32).view(F32)
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["bits", "log2"])
+def test_ceil_log2(exact):
+    """``_ceil_log2`` == ceil(fl32(log2 r)) (codecs.ceil_log2) on every binade and the
+    mantissas where the fp32 log2 rounds onto the integer (spec rope_quant_ops §1.5)."""
+    r = _ceil_log2_inputs()
+    got = _run_probe(0, r, F32, exact=exact)
+    exp = ceil_log2(r)
+    assert torch.equal(got, exp), (r[got != exp][:8], got[got != exp][:8], exp[got != exp][:8])
+
+
+@pytest.mark.parametrize("fnuz", [False, True], ids=["ocp", "fnuz"])
+@pytest.mark.parametrize("soft", [False, True], ids=["native", "soft"])
+def test_e4m3_codec(fnuz, soft):
+    if fnuz and not soft:
+        soft = True  # FNUZ is always the integer encoder
+    m = 224.0 if fnuz else 448.0
+    # every bf16 in range, every e4m3 midpoint +- 1 ulp, random fp32
+    allbf = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16).view(BF16).to(F32)
+    allbf = allbf[torch.isfinite(allbf) & (allbf.abs() <= m)]
+    grid = e4m3_decode(torch.arange(256, dtype=torch.uint8), fnuz)
+    grid = grid[torch.isfinite(grid)].unique()
+    mids = (grid[1:] + grid[:-1]) / 2
+    mids = torch.cat((mids, torch.nextafter(mids, torch.full_like(mids, 1e9)),
+                      torch.nextafter(mids, torch.full_like(mids, -1e9))))
+    g = torch.Generator().manual_seed(1)
+    rnd = (torch.rand(20000, generator=g) * 2 - 1) * torch.exp2(torch.randint(-14, 9, (20000,), generator=g).float())
+    x = torch.cat((allbf, mids, rnd, torch.tensor([m, -m, 0.0, -0.0]))).clamp(-m, m)
+    got = _run_probe(1, x, torch.uint8, fnuz=fnuz, soft=soft)
+    exp = e4m3_encode(x, fnuz)
+    assert torch.equal(got, exp), (x[got != exp][:8], got[got != exp][:8], exp[got != exp][:8])
+    b = torch.arange(256, dtype=torch.uint8)
+    dec = _run_probe(2, b, F32, fnuz=fnuz, soft=soft)
+    ref = e4m3_decode(b, fnuz)
+    same = (dec.view(torch.int32) == ref.view(torch.int32)) | (torch.isnan(dec) & torch.isnan(ref))
+    assert bool(same.all()), b[~same]
+
+
+@pytest.mark.parametrize("soft", [False, True], ids=["native", "soft"])
+def test_bf16_bits(soft):
+    g = torch.Generator().manual_seed(2)
+    bits = torch.randint(-(1 << 31), (1 << 31) - 1, (30000,), generator=g, dtype=torch.int64)
+    ties = (torch.randint(0, 1 << 16, (2000,), generator=g) << 16) | 0x8000
+    x = torch.cat((bits, ties, torch.tensor([0x7F7FFFFF, 0x7F7F8000, 0x00000001, 0x80008000])))
+    x = x.to(torch.int32).view(F32)
+    got = _run_probe(3, x, torch.int16, soft=soft)
+    exp = ref_k_cache._bf16_bits(x)
+    assert torch.equal(got, exp)
+
+
+def test_exp2_rn():
+    """fl32(2^y) for y <= 0 (the exact ex2 of the reference, spec cache_ops §8.1)."""
+    g = torch.Generator().manual_seed(4)
+    y = torch.cat((-torch.rand(40000, generator=g) * 30, -torch.rand(4000, generator=g) * 160,
+                   torch.tensor([0.0, -0.0, -149.0, -150.0, -151.0, -200.0, -0.5, -1e-8])))
+    got = _run_probe(4, y.to(F32), F32)
+    exp = torch.exp2(y.to(F32).double()).float()
+    assert torch.equal(got.view(torch.int32), exp.view(torch.int32))
+
+
+def test_rsqrt_rn():
+    g = torch.Generator().manual_seed(5)
+    v = torch.exp2((torch.rand(20000, generator=g) * 200 - 100)).to(F32)
+    got = _run_probe(6, v, F32)
+    exp = (1.0 / torch.sqrt(v.double())).float()
+    assert torch.equal(got, exp)
+
+
+def test_e2m1_code():
+    x = torch.linspace(-7, 7, 2801).to(F32)
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 6.5, 1e9, 0.0, -0.0,
+                         float("inf"), 3e38, 1e-40, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0])
+    g = torch.Generator().manual_seed(6)
+    rnd = torch.randint(0, 1 << 32, (50000,), generator=g, dtype=torch.int64).to(torch.int32).view(F32)
+    x = torch.cat((x, ties, -ties, torch.nextafter(ties, ties + 1), torch.nextafter(ties, ties - 1),
+                   rnd, torch.tensor([float("nan"), -float("nan")])))
+    got = _run_probe(5, x, torch.uint8)
+    assert torch.equal(got, e2m1_encode(x))
+
+
+# --------------------------------------------------------------------------------------
+# quantize_and_insert_k_cache
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("log2_mode", [True, False], ids=["bits", "log2"], indirect=True)
+@pytest.mark.parametrize("fnuz", [False, True], ids=["ocp", "fnuz"])
+@pytest.mark.parametrize("bpt", [584, 528])
+def test_quantize_insert(flavour, log2_mode, fnuz, bpt):
+    B, nb, T = 16, 4, 22
+    k = _rows(T + 3, seed=bpt + fnuz, nonfinite=True)
+    k[T:] = float("nan")  # DP padding rows: never read
+    cache = _paged(nb, B, bpt, pad=64 if bpt == 584 else 32)
+    g = torch.Generator().manual_seed(7)
+    slots = torch.randperm(nb * B, generator=g)[:T]
+    slots[2] = -1
+    slots[9] = -1
+    slots[0] = 0
+    slots[1] = nb * B - 1  # last slot of the last page
+    # flattened page view for the 584 record (as vLLM passes it), [nb, B, W] otherwise
+    kc = cache.as_strided((nb, cache.stride(0)), (cache.stride(0), 1)) if bpt == 584 else cache
+    _both(CK.quantize_and_insert_k_cache, ref_k_cache.quantize_and_insert_k_cache,
+          [k, kc, slots, B, fnuz, bpt], [1])
+
+
+@pytest.mark.parametrize("bpt", [584, 528])
+def test_quantize_insert_misaligned_and_empty(flavour, bpt):
+    """Odd storage offset and odd page stride (the bf16 tail is stored byte-wise), int32
+    slots, and an empty batch that must write nothing."""
+    B, nb, T = 8, 3, 9
+    k = _rows(T, seed=11)
+    cache = _paged(nb, B, bpt, pad=3, offset=1)
+    slots = torch.tensor([5, -1, 0, 23, 7, 16, 1, 2, 3], dtype=torch.int32)
+    _both(CK.quantize_and_insert_k_cache, ref_k_cache.quantize_and_insert_k_cache,
+          [k, cache, slots, B, False, bpt], [1])
+    empty = torch.empty(0, dtype=torch.int64)
+    a, _ = _both(CK.quantize_and_insert_k_cache, ref_k_cache.quantize_and_insert_k_cache,
+                 [k, cache, empty, B, False, bpt], [1])
+    assert bool((_storage(a[1])[1:-7] == 0xA5).all())
+
+
+# --------------------------------------------------------------------------------------
+# dequantize_and_gather_k_cache
+# --------------------------------------------------------------------------------------
+
+
+def _gather_case(width, B=16, nb=6, seed=0, offset_storage=0, pad=48):
+    g = torch.Generator().manual_seed(seed)
+    cache = _paged(nb, B, width, pad=pad, offset=offset_storage)
+    # random bytes: every e4m3 / e2m1 code, scale codes 0 and 255, NaN bytes
+    flat = torch.randint(0, 256, (_storage(cache).numel(),), generator=g, dtype=torch.int64)
+    _storage(cache).copy_(flat.to(torch.uint8))
+    # a page written by the quantizer for realistic scales (records 584/528)
+    if width in (584, 528):
+        ref_k_cache.quantize_and_insert_k_cache(_rows(B, seed=seed + 1), cache,
+                                                torch.arange(B) + B, B, False, width)
+    seq = torch.tensor([37, 5, 0, 20], dtype=torch.int32)
+    table_wide = torch.full((4, 9), -1, dtype=torch.int32)
+    table_wide[:, :4] = torch.tensor([[3, 1, 5, 0], [2, -1, -1, -1], [-1] * 4, [1, 4, -1, -1]],
+                                     dtype=torch.int32)
+    table = table_wide[:, :4]  # row stride 9
+    out = torch.full((4, 48, 512), 0, dtype=BF16)
+    out.view(torch.int16).fill_(-8531)  # 0xDEAD canary
+    return cache, seq, table, out
+
+
+@pytest.mark.parametrize("fnuz", [False, True], ids=["ocp", "fnuz"])
+@pytest.mark.parametrize("width", [584, 528, 288])
+def test_gather(flavour, fnuz, width):
+    if width == 288 and fnuz:
+        pytest.skip("NVFP4 has no fp8 flavour")
+    cache, seq, table, out = _gather_case(width, seed=width)
+    _both(CK.dequantize_and_gather_k_cache, ref_k_cache.dequantize_and_gather_k_cache,
+          [out, cache, seq, None, table, 16, 0, fnuz], [0])
+    gl = torch.tensor([13, 5, 0, 0], dtype=torch.int32)
+    _both(CK.dequantize_and_gather_k_cache, ref_k_cache.dequantize_and_gather_k_cache,
+          [out, cache, seq, gl, table, 16, 3, fnuz], [0])
+
+
+@pytest.mark.parametrize("width", [584, 528, 288])
+def test_gather_misaligned_narrow_grid(flavour, width):
+    """Odd cache base / page stride and a grid of one worker per request (the loop)."""
+    cache, seq, table, out = _gather_case(width, seed=3, offset_storage=1, pad=5)
+    old = CK.CONFIG["gather_programs"]
+    CK.CONFIG["gather_programs"] = 1
+    try:
+        _both(CK.dequantize_and_gather_k_cache, ref_k_cache.dequantize_and_gather_k_cache,
+              [out, cache, seq, None, table, 16, 2, False], [0])
+    finally:
+        CK.CONFIG["gather_programs"] = old
+
+
+# --------------------------------------------------------------------------------------
+# rope_quant_insert
+# --------------------------------------------------------------------------------------
+
+
+def _rope_args(kind, cr, sanitize, cs_dtype=F32, seed=0, misaligned=False):
+    B, nb, T = 16, 3, 20
+    lat = _rows(T + 2, seed=seed, nonfinite=True)
+    lat[T:] = float("nan")
+    pos = torch.arange(T + 2, dtype=torch.int64) + 5
+    g = torch.Generator().manual_seed(seed)
+    slots = torch.randperm(nb * B, generator=g)[:T]
+    slots[3] = -1
+    slots[6] = -5
+    if kind in (584, 528, 288):
+        cache = _paged(nb, B, kind, pad=7 if misaligned else 512, offset=1 if misaligned else 0)
+    else:
+        dt = BF16 if kind == "bf16" else torch.float8_e4m3fn
+        base = torch.full((nb, B, 520), 0, dtype=dt)
+        base.view(torch.uint8).fill_(0xA5)
+        cache = base[:, :, :512]  # row padding: never written
+    scale = torch.tensor([0.0375], dtype=F32) if kind == "fp8" else None
+    return [lat, pos, _cos_sin(64, cs_dtype), cache, slots, cr, scale, sanitize]
+
+
+@pytest.mark.parametrize("sanitize", [False, True], ids=["plain", "sanitize"])
+@pytest.mark.parametrize("cr", [1, 2])
+@pytest.mark.parametrize("kind", [584, 528, 288, "bf16", "fp8"])
+def test_rope_quant_insert(flavour, kind, cr, sanitize):
+    args = _rope_args(kind, cr, sanitize, cs_dtype=BF16 if cr == 1 else F32, seed=cr)
+    _both(CK.rope_quant_insert, ref_compress.rope_quant_insert, args, [3])
+
+
+def test_rope_quant_insert_misaligned_int32_and_empty(flavour):
+    args = _rope_args(584, 1, False, misaligned=True, seed=9)
+    args[4] = args[4].to(torch.int32)
+    args[1] = args[1].to(torch.int32)
+    _both(CK.rope_quant_insert, ref_compress.rope_quant_insert, args, [3])
+    args[4] = args[4][:0]
+    _both(CK.rope_quant_insert, ref_compress.rope_quant_insert, args, [3])
+
+
+def test_rope_quant_insert_zero_signs(flavour):
+    """Finding 2: the NoPE "identity" rotation flips zero signs by the partner's sign."""
+    args = _rope_args(528, 1, False, seed=4)
+    lat = args[0]
+    z = torch.tensor([0.0, -0.0, 1.0, -1.0, 0.0, 1.0, -0.0, -1.0], dtype=BF16)
+    lat[:, :448] = z.repeat(56)
+    for kind in (528, 288, "bf16"):
+        a = _rope_args(kind, 1, False, seed=4)
+        a[0] = lat.clone()
+        _both(CK.rope_quant_insert, ref_compress.rope_quant_insert, a, [3])
+
+
+# --------------------------------------------------------------------------------------
+# indexer_k_norm_rope_store
+# --------------------------------------------------------------------------------------
+
+
+def _indexer_args(fp4, tiled, npt, cr, seed=0):
+    B, nb, T = 64, 2, 24
+    g = torch.Generator().manual_seed(seed)
+    k = (torch.randn(T + 2, 128, generator=g) * torch.exp2(
+        torch.randint(-4, 5, (T + 2, 1), generator=g).float())).to(BF16)
+    k[1] = 0.0
+    k[2] = -0.0
+    k[4, :64] = 0.0
+    k[5] = 3e30  # sum of squares overflows: an all-zero key (finding 3)
+    k[7] = 1e-30
+    pos = torch.arange(T + 2, dtype=torch.int64) * 3 + 1
+    slots = torch.randperm(nb * B, generator=g)[:T]
+    slots[0] = 0
+    slots[3] = -1
+    if cr == 2:
+        # tokens that do not close a group are never read: poison them
+        for t in range(T):
+            if (int(pos[t]) + 1) % 2 != 0:
+                k[t] = float("nan")
+    k[T:] = float("nan")
+    width = 68 if fp4 else 132
+    cache = _paged(nb, B, width, pad=64)
+    w = (torch.rand(128, generator=g) + 0.5).to(BF16)
+    return [k, pos, _cos_sin(256), w, 1e-6, cache, slots, cr, fp4, npt if (fp4 and tiled) else 0,
+            tiled]
+
+
+@pytest.mark.parametrize("cr", [1, 2])
+@pytest.mark.parametrize("layout", ["fp8", "fp8-tiled", "mxfp4", "mxfp4-tiled16",
+                                    "mxfp4-tiled32", "mxfp4-tiled64"])
+def test_indexer_k_store(flavour, layout, cr):
+    fp4 = layout.startswith("mxfp4")
+    tiled = "tiled" in layout
+    npt = int(layout.rpartition("tiled")[2]) if (fp4 and tiled) else 0
+    args = _indexer_args(fp4, tiled, npt, cr, seed=cr)
+    _both(CK.indexer_k_norm_rope_store, ref_indexer.indexer_k_norm_rope_store, args, [5])
+
+
+def test_indexer_k_store_empty(flavour):
+    args = _indexer_args(False, False, 0, 1)
+    args[6] = args[6][:0]
+    _both(CK.indexer_k_norm_rope_store, ref_indexer.indexer_k_norm_rope_store, args, [5])
+
+
+# --------------------------------------------------------------------------------------
+# fused_save_compress_norm
+# --------------------------------------------------------------------------------------
+
+
+def test_save_compress_norm_cr1(flavour):
+    g = torch.Generator().manual_seed(0)
+    T, rows = 10, 12
+    kvw = torch.randn(rows, 528, generator=g, dtype=F32) * 3
+    kv = kvw[:, :512]
+    kv[1] = 0.0
+    kv[2] = 1e4
+    kv[3] = 1e-6
+    slots = torch.tensor([0, 1, -1, 3, 4, -1, 6, 7, 8, 9])
+    out = torch.full((rows, 512), float("nan"), dtype=BF16)
+    w = (torch.rand(512, generator=g) + 0.5).to(BF16)
+    _both(CK.fused_save_compress_norm, ref_compress.fused_save_compress_norm,
+          [kv, torch.arange(rows), None, slots, None, None, w, 1e-6, 1, out], [9])
+
+
+def _cr2_args():
+    """Ring of capacity 4: a chunk starting on an odd position (pools with the ring row the
+    previous chunk stored), a chunk longer than the ring (its writes must come after the
+    ring read), a chunk whose first slot is -1, an empty request, a token past the last
+    request."""
+    g = torch.Generator().manual_seed(1)
+    cap, nblk = 4, 4
+    starts = [6, 3, 0, 11]  # r0: 6..8, r1: 3..9 (starts odd, longer than the ring),
+    lens = [3, 7, 0, 2]     # r2: empty, r3: 11..12 (first slot -1)
+    qsl = [0]
+    pos, t2r, slots = [], [], []
+    for r, (s, n) in enumerate(zip(starts, lens)):
+        for i in range(n):
+            p = s + i
+            pos.append(p)
+            t2r.append(r)
+            slots.append(r * cap + p % cap)
+        qsl.append(qsl[-1] + n)
+    slots[qsl[3]] = -1
+    pos.append(13)  # one token past the last request
+    t2r.append(3)
+    slots.append(3 * cap + 13 % cap)
+    T = len(slots)
+    rows = T + 2
+    kv = torch.randn(rows, 1024, generator=g, dtype=F32)
+    kv[:, 512:] *= 4
+    kv[2, :512] = 0.0
+    kv[5, 512:] = -1e4  # one row's weights vanish
+    state = torch.randn(nblk, cap, 1024, generator=g, dtype=F32)
+    out = torch.full((rows, 512), float("nan"), dtype=BF16)
+    w = (torch.rand(512, generator=g) + 0.5).to(BF16)
+    return [kv, torch.tensor(pos + [0, 0]), state, torch.tensor(slots),
+            torch.tensor(qsl, dtype=torch.int32), torch.tensor(t2r + [0, 0], dtype=torch.int32),
+            w, 1e-6, 2, out]
+
+
+def test_save_compress_norm_cr2(flavour):
+    _both(CK.fused_save_compress_norm, ref_compress.fused_save_compress_norm, _cr2_args(), [2, 9])
+
+
+# --------------------------------------------------------------------------------------
+# golden vectors (vLLM's kernels on an H200)
+# --------------------------------------------------------------------------------------
+
+KERNEL_ARGS = {
+    "quantize_and_insert_k_cache": ("k", "k_cache", "slot_mapping", "block_size", "use_fnuz",
+                                    "bytes_per_token"),
+    "dequantize_and_gather_k_cache": ("out", "k_cache", "seq_lens", "gather_lens",
+                                      "block_table", "block_size", "offset", "use_fnuz"),
+    "rope_quant_insert": ("latent", "positions", "cos_sin_cache", "kv_cache", "slot_mapping",
+                          "compress_ratio", "fp8_scale", "sanitize_nans"),
+    "indexer_k_norm_rope_store": ("k_pre", "positions", "cos_sin_cache", "rms_norm_weight",
+                                  "rms_norm_eps", "k_cache", "kv_slot_mapping", "compress_ratio",
+                                  "use_fp4_cache", "mxfp4_n_per_tile", "tiled"),
+    "fused_save_compress_norm": ("kv_score", "positions", "state_cache", "slot_mapping",
+                                 "query_start_loc", "token_to_req_indices", "rms_norm_weight",
+                                 "rms_norm_eps", "compress_ratio", "latent_out"),
+}
+DEFAULTS = {"use_fnuz": False, "sanitize_nans": False, "mxfp4_n_per_tile": 0, "tiled": False}
+
+
+@functools.lru_cache(maxsize=1)
+def _golden() -> dict:
+    cases = {}
+    with tarfile.open(VECTORS, "r:xz") as tar:
+        for m in tar.getmembers():
+            if not (m.isfile() and m.name.endswith(".pt")):
+                continue
+            case = torch.load(io.BytesIO(tar.extractfile(m).read()), weights_only=True)
+            if case["op"] in KERNEL_ARGS:
+                cases[pathlib.Path(m.name).stem] = case
+    return cases
+
+
+def _golden_names():
+    return sorted(_golden()) if VECTORS.is_file() else []
+
+
+@pytest.mark.skipif(not VECTORS.is_file(), reason=f"golden vectors not found at {VECTORS}")
+@pytest.mark.parametrize("name", _golden_names())
+def test_golden(flavour, name):
+    case = _golden()[name]
+    args = {k: _clone(v) for k, v in case["args"].items()}
+    CK.__dict__[case["op"]](*[args.get(n, DEFAULTS.get(n)) for n in KERNEL_ARGS[case["op"]]])
+    for key, want in case["out"].items():
+        got, exp = _storage(args[key]), _storage(want)
+        bad = (got != exp).nonzero().flatten()
+        assert bad.numel() == 0, f"{name}/{key}: {bad.numel()} bytes differ (first {bad[:8].tolist()})"
+
+
+def test_golden_cases_present():
+    if not VECTORS.is_file():
+        pytest.skip(f"golden vectors not found at {VECTORS}")
+    names = set(_golden_names())
+    assert len(names) == 21, sorted(names)
+
+
+# --------------------------------------------------------------------------------------
+# GPU: the compiled kernels (python -m pytest -m gpu), same cases, reference on the CPU
+# --------------------------------------------------------------------------------------
+
+
+def _real():
+    import dsv41.backends.triton.cache_kernels as real
+
+    return real
+
+
+@pytest.fixture(params=["native", "soft"])
+def gpu_flavour(request):
+    real = _real()
+    old = dict(real.CONFIG)
+    real.CONFIG["soft_fp8"] = request.param == "soft"
+    yield real
+    real.CONFIG.clear()
+    real.CONFIG.update(old)
+
+
+def _to_cuda(v):
+    """CUDA copy keeping the view (whole storage copied)."""
+    if not torch.is_tensor(v):
+        return v
+    raw = _storage(v).to("cuda")
+    return torch.empty(0, dtype=v.dtype, device="cuda").set_(
+        raw.untyped_storage(), v.storage_offset(), v.shape, v.stride())
+
+
+def _both_gpu(kernel, reference, args, outs):
+    a = [_to_cuda(x) for x in args]
+    b = [_clone(x) for x in args]
+    kernel(*a)
+    torch.cuda.synchronize()
+    reference(*b)
+    for i in outs:
+        got, exp = _storage(a[i]).cpu(), _storage(b[i])
+        bad = (got != exp).nonzero().flatten()
+        assert bad.numel() == 0, f"arg {i}: {bad.numel()} bytes differ, first at {bad[:8].tolist()}"
+
+
+def _gpu_cases():
+    cases = []
+    for bpt in (584, 528):
+        for fnuz in (False, True):
+            def c(bpt=bpt, fnuz=fnuz):
+                B, nb, T = 16, 4, 22
+                k = _rows(T + 3, seed=bpt + fnuz, nonfinite=True)
+                slots = torch.randperm(nb * B, generator=torch.Generator().manual_seed(7))[:T]
+                slots[2] = -1
+                return ("quantize_and_insert_k_cache", ref_k_cache.quantize_and_insert_k_cache,
+                        [k, _paged(nb, B, bpt, pad=64), slots, B, fnuz, bpt], [1])
+            cases.append((f"insert-{bpt}-{'fnuz' if fnuz else 'ocp'}", c))
+    for width in (584, 528, 288):
+        for fnuz in ((False, True) if width != 288 else (False,)):
+            def c(width=width, fnuz=fnuz):
+                cache, seq, table, out = _gather_case(width, seed=width)
+                gl = torch.tensor([13, 5, 0, 0], dtype=torch.int32)
+                return ("dequantize_and_gather_k_cache", ref_k_cache.dequantize_and_gather_k_cache,
+                        [out, cache, seq, gl, table, 16, 3, fnuz], [0])
+            cases.append((f"gather-{width}-{'fnuz' if fnuz else 'ocp'}", c))
+    for kind in (584, 528, 288, "bf16", "fp8"):
+        for cr in (1, 2):
+            for sanitize in (False, True):
+                def c(kind=kind, cr=cr, sanitize=sanitize):
+                    return ("rope_quant_insert", ref_compress.rope_quant_insert,
+                            _rope_args(kind, cr, sanitize, cs_dtype=BF16 if cr == 1 else F32,
+                                       seed=cr), [3])
+                cases.append((f"rope-{kind}-cr{cr}-{'san' if sanitize else 'plain'}", c))
+    cases.append(("rope-584-misaligned", lambda: ("rope_quant_insert", ref_compress.rope_quant_insert,
+                                                  _rope_args(584, 1, False, misaligned=True, seed=9), [3])))
+    for layout in ("fp8", "fp8-tiled", "mxfp4", "mxfp4-tiled16", "mxfp4-tiled32", "mxfp4-tiled64"):
+        for cr in (1, 2):
+            def c(layout=layout, cr=cr):
+                fp4 = layout.startswith("mxfp4")
+                tiled = "tiled" in layout
+                npt = int(layout.rpartition("tiled")[2]) if (fp4 and tiled) else 0
+                return ("indexer_k_norm_rope_store", ref_indexer.indexer_k_norm_rope_store,
+                        _indexer_args(fp4, tiled, npt, cr, seed=cr), [5])
+            cases.append((f"indexer-{layout}-cr{cr}", c))
+    return cases
+
+
+GPU_CASES = _gpu_cases()
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("case", [c for _, c in GPU_CASES], ids=[n for n, _ in GPU_CASES])
+def test_gpu_against_reference(gpu_flavour, case):
+    op, ref, args, outs = case()
+    _both_gpu(getattr(gpu_flavour, op), ref, args, outs)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.skipif(not VECTORS.is_file(), reason=f"golden vectors not found at {VECTORS}")
+@pytest.mark.parametrize("name", _golden_names())
+def test_gpu_golden(gpu_flavour, name):
+    case = _golden()[name]
+    args = {k: _to_cuda(v) for k, v in case["args"].items()}
+    getattr(gpu_flavour, case["op"])(*[args.get(n, DEFAULTS.get(n)) for n in KERNEL_ARGS[case["op"]]])
+    torch.cuda.synchronize()
+    for key, want in case["out"].items():
+        got, exp = _storage(args[key]).cpu(), _storage(want)
+        assert torch.equal(got, exp), f"{name}/{key}: {(got != exp).sum().item()} bytes differ"
+
+
+@gpu
+@needs_cuda
+def test_gpu_save_compress_norm(gpu_flavour):
+    g = torch.Generator().manual_seed(0)
+    kv = torch.randn(12, 528, generator=g)[:, :512]
+    slots = torch.tensor([0, 1, -1, 3, 4, -1, 6, 7, 8, 9])
+    out = torch.full((12, 512), float("nan"), dtype=BF16)
+    w = (torch.rand(512, generator=g) + 0.5).to(BF16)
+    _both_gpu(gpu_flavour.fused_save_compress_norm, ref_compress.fused_save_compress_norm,
+              [kv, torch.arange(12), None, slots, None, None, w, 1e-6, 1, out], [9])
+    _both_gpu(gpu_flavour.fused_save_compress_norm, ref_compress.fused_save_compress_norm,
+              _cr2_args(), [2, 9])
+
+
+@gpu
+@needs_cuda
+@pytest.mark.skipif(os.environ.get("DSV41_BENCH") != "1", reason="set DSV41_BENCH=1")
+def test_gpu_bench():
+    """Time every launcher at 65 536 tokens (gathers 4 x 16 384) against a device copy of
+    the same number of bytes (read + write), and CUDA-graph replay at 1 / 8 / 64 tokens.
+
+    ``DSV41_BENCH_CONFIGS="8x8,16x8"`` sweeps tokens-per-program x warps (all kernels);
+    ``DSV41_BENCH_OPS`` filters ops by substring."""
+    from triton.testing import do_bench
+
+    real = _real()
+    dev = "cuda"
+    N, B = 65536, 64
+    nb = N // B
+    g = torch.Generator(device=dev).manual_seed(0)
+    perm = torch.randperm(nb, device=dev, generator=g)
+    slots = (perm[:, None] * B + torch.arange(B, device=dev)).flatten()
+    k = torch.randn(N, 512, device=dev, dtype=BF16)
+    pos = torch.arange(N, device=dev)
+    cs = _cos_sin(N).to(dev)
+    only = os.environ.get("DSV41_BENCH_OPS", "")
+    copy_cache = {}
+
+    def copy_time(nbytes):
+        if nbytes not in copy_cache:
+            src = torch.empty(nbytes // 2, dtype=torch.uint8, device=dev)
+            dst = torch.empty_like(src)
+            copy_cache[nbytes] = do_bench(lambda: dst.copy_(src))
+        return copy_cache[nbytes]
+
+    rows = []
+
+    def bench(name, fn, nbytes):
+        if only and not any(o in name for o in only.split(",")):
+            return
+        try:
+            fn()
+            t = do_bench(fn)
+        except Exception as exc:  # e.g. out of resources for a sweep config
+            rows.append((name, float("nan"), 0.0, 0.0, type(exc).__name__))
+            return
+        rows.append((name, t * 1e3, nbytes / t / 1e6, copy_time(nbytes) / t, ""))
+
+    def run_all():
+        for w in (584, 528):
+            cache = torch.zeros(nb, B * w + 512, dtype=torch.uint8, device=dev)
+            bench(f"quantize_insert_{w}", lambda cache=cache, w=w: real.quantize_and_insert_k_cache(
+                k, cache, slots, B, False, w), N * (1024 + w + 8))
+        R, L = 4, N // 4
+        table = perm.view(R, -1).to(torch.int32)
+        seq = torch.full((R,), L, dtype=torch.int32, device=dev)
+        out = torch.empty(R, L, 512, dtype=BF16, device=dev)
+        for w in (584, 528, 288):
+            cache = torch.randint(0, 120, (nb, B * w + 512), dtype=torch.uint8, device=dev)
+            cache3 = cache.as_strided((nb, B, w), (cache.stride(0), w, 1))
+            bench(f"gather_{w}", lambda cache3=cache3: real.dequantize_and_gather_k_cache(
+                out, cache3, seq, None, table, B, 0, False), N * (w + 1024))
+        for kind in (584, 528, 288, "bf16"):
+            if kind == "bf16":
+                cache = torch.empty(nb, B, 512, dtype=BF16, device=dev)
+                w = 1024
+            else:
+                w = kind
+                cache = torch.zeros(nb, B * w + 512, dtype=torch.uint8, device=dev).as_strided(
+                    (nb, B, w), (B * w + 512, w, 1))
+            bench(f"rope_quant_insert_{kind}", lambda cache=cache: real.rope_quant_insert(
+                k, pos, cs, cache, slots, 1, None, False), N * (1024 + w + 16 + 256))
+        kidx = torch.randn(N, 128, device=dev, dtype=BF16)
+        icache = torch.zeros(nb, B * 132 + 64, dtype=torch.uint8, device=dev).as_strided(
+            (nb, B, 132), (B * 132 + 64, 132, 1))
+        wgt = torch.ones(128, device=dev, dtype=BF16)
+        bench("indexer_k_store_fp8", lambda: real.indexer_k_norm_rope_store(
+            kidx, pos, cs, wgt, 1e-6, icache, slots, 1, False, 0, False), N * (256 + 132 + 16 + 256))
+        kv1 = torch.randn(N, 512, device=dev)
+        lat = torch.empty(N, 512, device=dev, dtype=BF16)
+        w512 = torch.ones(512, device=dev, dtype=BF16)
+        bench("save_compress_norm_cr1", lambda: real.fused_save_compress_norm(
+            kv1, pos, None, slots, None, None, w512, 1e-6, 1, lat), N * (2048 + 1024 + 8))
+        kv2 = torch.randn(N, 1024, device=dev)
+        nreq = 64
+        qsl = (torch.arange(nreq + 1, device=dev) * (N // nreq)).to(torch.int32)
+        t2r = (torch.arange(N, device=dev) // (N // nreq)).to(torch.int32)
+        state = torch.zeros(nreq, 4, 1024, device=dev)
+        rslots = t2r.long() * 4 + pos % 4
+        bench("save_compress_norm_cr2", lambda: real.fused_save_compress_norm(
+            kv2, pos, state, rslots, qsl, t2r, w512, 1e-6, 2, lat), N * (4096 + 512 + 16))
+
+    configs = [c for c in os.environ.get("DSV41_BENCH_CONFIGS", "").split(",") if c]
+    old = {key: dict(real.CONFIG[key]) for key in ("block_t", "num_warps")}
+    try:
+        for cfg in configs or [None]:
+            if cfg is not None:
+                bt, nw = (int(v) for v in cfg.split("x"))
+                for key in old["block_t"]:
+                    real.CONFIG["block_t"][key] = bt
+                for key in old["num_warps"]:
+                    if key != "ring":
+                        real.CONFIG["num_warps"][key] = nw
+            before = len(rows)
+            run_all()
+            for i in range(before, len(rows)):
+                rows[i] = (f"[{cfg or 'default'}] {rows[i][0]}",) + rows[i][1:]
+    finally:
+        for key, val in old.items():
+            real.CONFIG[key].clear()
+            real.CONFIG[key].update(val)
+
+    # CUDA-graph replay at small sizes
+    cache = torch.zeros(nb, B * 528 + 512, dtype=torch.uint8, device=dev)
+    for n in (1, 8, 64) if not configs else ():
+        fns = {
+            "quantize_insert_528": lambda n=n: real.quantize_and_insert_k_cache(
+                k[:n], cache, slots[:n], B, False, 528),
+            "rope_quant_insert_528": lambda n=n: real.rope_quant_insert(
+                k, pos, cs, cache.as_strided((nb, B, 528), (cache.stride(0), 528, 1)),
+                slots[:n], 1, None, False),
+        }
+        for name, fn in fns.items():
+            fn()
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(20):
+                    fn()
+            t = do_bench(graph.replay) / 20
+            rows.append((f"graph {name} x{n}", t * 1e3, 0.0, 0.0, ""))
+    print()
+    for name, us, gbs, frac, err in rows:
+        print(f"{name:40s} {us:9.2f} us {gbs:9.1f} GB/s  {frac:5.2f} of copy {err}")
