@@ -190,6 +190,16 @@ def _build_gather(gen: _Gen, t: int, width: int, plat) -> Case:
     return Case((out, cache, seq_lens, None, table, BLOCK, 0, False), nbytes)
 
 
+def _build_transcode(gen: _Gen, t: int, width: int, plat) -> Case:
+    """OCP -> FNUZ over the pages holding t tokens (read and write every record byte)."""
+    n_pages = _cdiv(t, BLOCK)
+    src = _filled_k_cache(gen, n_pages, width)
+    dst = gen.zeros(n_pages, BLOCK, width, dtype=U8)
+    ids = gen.arange(n_pages)
+    nbytes = 2 * n_pages * BLOCK * width + n_pages * 8
+    return Case((src, dst, ids, BLOCK, width, False, True, False), nbytes)
+
+
 TOPK_GLOBAL = 2048  # compute_global_topk_indices_and_lens: top-k width per token
 COMPRESSED_CTX = 16384  # compressed tokens per request the local indices point into
 
@@ -401,8 +411,10 @@ VARIANTS = (
     Variant("fused_inv_rope_fp8_quant", None, _build_inv_rope),
     Variant("fused_q_kv_rmsnorm_quant", None, _build_q_kv_rmsnorm),
     Variant("pad_fused_q_heads", None, _build_pad_q),
+    Variant("transcode_k_cache", "528", _with(_build_transcode, 528)),
 )
-assert {v.op for v in VARIANTS} == set(registry.OPS), "every registry op needs a bench variant"
+if {v.op for v in VARIANTS} != set(registry.OPS):  # a new op must get a benchmark shape
+    raise RuntimeError("every registry op needs a bench variant")
 
 
 # ----------------------------------------------------------------------------- timing

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import _library  # noqa: F401  (registers torch.ops.dsv41.*)
+from . import index_checks as _ic
 from ._validate import INT_INDEX, Check
 from .formats import V4_BYTES_PER_TOKEN, V41_BYTES_PER_TOKEN, record_for_width
 
@@ -59,6 +60,7 @@ def quantize_and_insert_k_cache(
     c.flag("use_fnuz", use_fnuz)
     if slot_mapping.shape[0] == 0:
         return
+    _ic.check_quantize_and_insert_k_cache(k, k_cache, slot_mapping, block_size)
     _ops.quantize_and_insert_k_cache(k, k_cache, slot_mapping, block_size, use_fnuz, bytes_per_token)
 
 
@@ -110,6 +112,7 @@ def dequantize_and_gather_k_cache(
         c.integer("max_gather_len", max_gather_len, min_value=0)
     if num_reqs == 0:
         return
+    _ic.check_dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_table, block_size, offset)
     _ops.dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, use_fnuz)
 
 
@@ -140,6 +143,7 @@ def compute_global_topk_indices_and_lens(
     out = torch.empty((n, topk_indices.shape[1]), dtype=I32, device=topk_indices.device)
     lens = torch.empty((n,), dtype=I32, device=topk_indices.device)
     if n > 0:
+        _ic.check_compute_global_topk_indices_and_lens(topk_indices, token_to_req_indices, block_table, block_size, is_valid_token)
         _ops.compute_global_topk_indices_and_lens(
             topk_indices, token_to_req_indices, block_table, block_size, is_valid_token, out, lens
         )
@@ -197,6 +201,7 @@ def combine_topk_swa_indices(
         c.tensor("out[1]", lens, dtype=I32, ndim=1)
         c.size("out[1]", lens, 0, expected=t)
     if t > 0:
+        _ic.check_combine_topk_swa_indices(topk_indices, query_start_loc, seq_lens, gather_lens, window_size, compress_ratio, topk, M, N)
         _ops.combine_topk_swa_indices(
             topk_indices, query_start_loc, seq_lens, gather_lens, window_size, compress_ratio, topk, M, N, idx, lens
         )
@@ -289,6 +294,12 @@ def build_flashinfer_mixed_sparse_indices(
     sparse_topk_lens = torch.empty((d + p,), dtype=I32, device=dev)
     if d + p == 0:
         return sparse_indices, sparse_topk_lens
+    _ic.check_build_flashinfer_mixed_sparse_indices(
+        decode_swa_indices, decode_compressed_indices, decode_compressed_topk_lens, prefill_topk_indices,
+        query_start_loc, seq_lens, token_to_req_indices, swa_block_table, swa_block_size, compressed_block_table,
+        compressed_block_size, window_size, compress_ratio, topk, decode_compressed_indices_are_local,
+        decode_is_valid_token, replay_start=replay_start,
+    )
     _ops.build_flashinfer_mixed_sparse_indices(
         decode_swa_indices,
         decode_compressed_indices,

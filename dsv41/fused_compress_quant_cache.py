@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from . import _library  # noqa: F401
+from . import index_checks as _ic
 from . import platform as _platform
 from ._validate import INT_INDEX, Check
 
@@ -69,6 +70,7 @@ def fused_save_compress_norm(
         state_cache = query_start_loc = token_to_req_indices = None  # CR 1 keeps no state
     if t == 0:
         return
+    _ic.check_fused_save_compress_norm(positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices, compress_ratio)
     _ops.fused_save_compress_norm(
         kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices,
         rms_norm_weight, eps, compress_ratio, latent_out,
@@ -127,4 +129,5 @@ def rope_quant_insert(
     c.flag("sanitize_nans", sanitize_nans)
     if t == 0:
         return
+    _ic.check_rope_quant_insert(positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio)
     _ops.rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio, fp8_scale, sanitize_nans)

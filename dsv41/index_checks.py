@@ -7,7 +7,8 @@ its reductions on the tensors' device and then synchronizes once (one
 ``.tolist()`` of a handful of booleans; a second small sync only when something
 is wrong).  That costs a device round trip per op, hence opt-in: set
 ``DSV41_VALIDATE=1`` in the environment (read once, on first use; ``refresh()``
-re-reads it).
+re-reads it).  The checks are skipped while ``torch.compile`` traces and during CUDA-graph
+capture, where a sync is impossible.
 
 Every ``check_<op>`` takes (a subset of) the public op's arguments under the
 same names, returns ``None`` immediately when validation is off, and otherwise
@@ -31,7 +32,11 @@ of range (spec cache_ops.md §1.1 slot math, §4-§8; rope_quant_ops.md §2-§4)
 * request indices (``token_to_req_indices``) in ``[0, num_requests)`` and
   consistent with ``query_start_loc``;
 * lengths: ``0 <= gather_lens <= seq_lens``, the gathered rows inside ``out``
-  (``offset + n <= out.shape[1]``) or inside the request's workspace rows.
+  (``offset + n <= out.shape[1]``) or inside the request's workspace rows;
+* ``transcode_k_cache``: no page listed twice (ids past a cache are skipped by contract).
+
+``check_kernel_args(op, args)`` runs the check of ``op`` on its kernel-contract argument
+list (a conformance case, a fuzz example).
 
 Tokens that a kernel skips (negative slot, a CR-2 token that does not close its
 group for the duplicate check) are not checked beyond what the kernel reads.
@@ -58,6 +63,7 @@ __all__ = [
     "check_pad_fused_q_heads",
     "check_quantize_and_insert_k_cache",
     "check_rope_quant_insert",
+    "check_transcode_k_cache",
     "refresh",
     "validate_enabled",
 ]
@@ -140,7 +146,8 @@ def _slots(ch: _Checks, arg: str, slot_mapping, limit: int, limit_text: str, wri
     _duplicates(ch, arg, s, w)
 
 
-def _duplicates(ch: _Checks, arg: str, s: torch.Tensor, w: torch.Tensor):
+def _duplicates(ch: _Checks, arg: str, s: torch.Tensor, w: torch.Tensor, what: str = "duplicate slot",
+                expected: str = "distinct slots for the tokens that write (two tokens writing one slot race)"):
     """Report the second of two writing tokens that share a slot (a write race)."""
     n = s.shape[0]
     if n < 2:
@@ -152,8 +159,7 @@ def _duplicates(ch: _Checks, arg: str, s: torch.Tensor, w: torch.Tensor):
     dup_sorted = torch.zeros_like(sk, dtype=torch.bool)
     dup_sorted[1:] = (sk[1:] == sk[:-1]) & (sk[1:] >= 0)
     dup = torch.zeros_like(dup_sorted).index_put_((order,), dup_sorted)
-    ch.add(arg, dup, s, "distinct slots for the tokens that write (two tokens writing one slot race)",
-           what="duplicate slot")
+    ch.add(arg, dup, s, expected, what=what)
 
 
 def _positions(ch: _Checks, arg: str, positions, n: int, rows: int, table_arg: str, mask=None):
@@ -509,6 +515,24 @@ def check_fused_inv_rope_fp8_quant(o, positions, cos_sin_cache) -> None:
     ch.run()
 
 
+# --------------------------------------------------------------------------- transcode
+
+
+def check_transcode_k_cache(src, dst, block_ids) -> None:
+    """Block ids that convert a page (``0 <= id < min(src.shape[0], dst.shape[0])``; negative
+    ids and ids past either cache are skipped by contract) must be distinct: with a duplicate
+    an in-place call may convert a page twice on parallel backends."""
+    if not _active():
+        return
+    ch = _Checks("transcode_k_cache")
+    ids = block_ids.to(_I64)
+    nb = min(src.shape[0], dst.shape[0])
+    converts = (ids >= 0) & (ids < nb)
+    _duplicates(ch, "block_ids", ids, converts, what="duplicate block id",
+                expected="distinct block ids (a page listed twice may be converted twice in place)")
+    ch.run()
+
+
 # --------------------------------------------------------------------------- no index arguments
 
 
@@ -553,5 +577,7 @@ def check_kernel_args(op: str, args: list) -> None:
         check_fused_q_kv_rmsnorm_quant(a[0], a[1])
     elif op == "pad_fused_q_heads":
         check_pad_fused_q_heads(a[0], a[1].shape[1])
+    elif op == "transcode_k_cache":
+        check_transcode_k_cache(a[0], a[1], a[2])
     else:
         raise KeyError(f"unknown op {op!r}")

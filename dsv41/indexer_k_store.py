@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from . import _library  # noqa: F401
+from . import index_checks as _ic
 from . import platform as _platform
 from ._validate import INT_INDEX, Check
 from .formats import TILE
@@ -74,6 +75,7 @@ def indexer_k_norm_rope_store(
             )
     if t == 0:
         return
+    _ic.check_indexer_k_norm_rope_store(positions, cos_sin_cache, k_cache, kv_slot_mapping, compress_ratio)
     _ops.indexer_k_norm_rope_store(
         k_pre, positions, cos_sin_cache, rms_norm_weight, eps, k_cache, kv_slot_mapping,
         compress_ratio, use_fp4_cache, mxfp4_n_per_tile, tiled,

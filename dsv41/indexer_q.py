@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import _library  # noqa: F401
+from . import index_checks as _ic
 from . import platform as _platform
 from ._validate import INT_INDEX, Check
 from .formats import MXFP4_BLOCK_SIZE
@@ -59,6 +60,7 @@ def fused_indexer_q_rope_quant(
     c.flag("use_fp4", use_fp4)
     if not isinstance(weights_out_dtype, torch.dtype):
         c.fail("weights_out_dtype", "a torch.dtype", type(weights_out_dtype).__name__, TypeError)
+    _ic.check_fused_indexer_q_rope_quant(positions, index_q, index_q_cos_sin_cache)
     dev = index_q.device
     if use_fp4:
         if weights_out_dtype not in (torch.float32, torch.bfloat16):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from . import _library  # noqa: F401
+from . import index_checks as _ic
 from ._validate import INT_INDEX, Check
 
 __all__ = ["fused_inv_rope_fp8_quant", "tma_aligned_size"]
@@ -82,6 +83,7 @@ def fused_inv_rope_fp8_quant(
     else:
         ta = k = 0
         scale_buf = torch.empty((n_groups, 0), dtype=torch.float32, device=dev)
+    _ic.check_fused_inv_rope_fp8_quant(o, positions, cos_sin_cache)
     if t > 0:
         _ops.fused_inv_rope_fp8_quant(
             o, positions, cos_sin_cache, n_groups, heads_per_group, nope_dim, rope_dim, quant_group_size,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from . import _library  # noqa: F401
+from . import index_checks as _ic
 from ._validate import Check
 
 __all__ = ["fused_q_kv_rmsnorm_quant", "swizzled_scale_bytes"]
@@ -32,9 +33,9 @@ def fused_q_kv_rmsnorm_quant(
     swizzle (see ``swizzled_scale_bytes``; padding bytes are 0).
     """
     c = Check("fused_q_kv_rmsnorm_quant")
-    c.tensor("qr", qr, dtype=(torch.bfloat16, torch.float16), ndim=2)
+    c.tensor("qr", qr, dtype=torch.bfloat16, ndim=2)
     c.stride("qr", qr, 1, expected=1)
-    c.tensor("kv", kv, dtype=(torch.bfloat16, torch.float16), ndim=2)
+    c.tensor("kv", kv, dtype=torch.bfloat16, ndim=2)
     c.stride("kv", kv, 1, expected=1)
     t, qs = qr.shape
     c.size("kv", kv, 0, expected=t)

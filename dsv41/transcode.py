@@ -93,6 +93,7 @@ import torch
 from torch import Tensor
 
 from . import platform as _platform
+from . import index_checks as _ic
 from . import registry
 from ._validate import INT_INDEX, Check
 from .formats import INDEXER_FP8, RECORDS, TILE
@@ -218,6 +219,7 @@ def transcode_k_cache(
 
     if block_ids.shape[0] == 0:
         return
+    _ic.check_transcode_k_cache(src, dst, block_ids)
     torch.ops.dsv41.transcode_k_cache(src, dst, block_ids, block_size, width, src_fnuz, dst_fnuz, tiled)
 
 

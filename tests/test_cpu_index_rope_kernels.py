@@ -911,11 +911,11 @@ def test_unsupported_layouts_fall_back_to_reference():
               [topk, t2r, table, 64, valid, torch.full((9, 12), -7, dtype=I32), torch.full((9,), -7, dtype=I32)],
               [5, 6], "fallback global")
     assert ops.FALLBACKS["compute_global_topk_indices_and_lens"] == n0 + 1
-    # more seq_lens than requests in query_start_loc: the reference raises, and so does the op
-    with pytest.raises(IndexError):
-        ops.combine_topk_swa_indices(torch.zeros(4, 4, dtype=I32), torch.tensor([0, 2, 4], dtype=I32),
-                                     torch.tensor([5, 6, 7], dtype=I32), torch.tensor([1, 1, 1], dtype=I32),
-                                     8, 4, 4, 100, 50, torch.empty(4, 128, dtype=I32), torch.empty(4, dtype=I32))
+    # more seq_lens than requests in query_start_loc: only the first len(qsl)-1 are requests
+    _run_both(ref_si.combine_topk_swa_indices, ops.combine_topk_swa_indices,
+              [torch.zeros(4, 4, dtype=I32), torch.tensor([0, 2, 4], dtype=I32), torch.tensor([5, 6, 7], dtype=I32),
+               torch.tensor([1, 1, 1], dtype=I32), 8, 4, 4, 100, 50, torch.full((4, 128), -7, dtype=I32),
+               torch.full((4,), -7, dtype=I32)], [9, 10], "combine extra seq_lens")
     o, pos, cache = _inv_rope_case(g, 3, 1, 2, 512, 64, ["normal"])
     out = torch.full((1, 3, 1024), 1.0, dtype=torch.float16)
     _run_both(ref_oq.fused_inv_rope_fp8_quant, ops.fused_inv_rope_fp8_quant,

@@ -5,7 +5,8 @@ arguments (docs/kernel_contract.md): token counts including 0, block sizes 1/16/
 padded page strides, −1 and other negative slots, DP padding rows poisoned with NaN,
 positions up to the last row of the cos/sin cache, strided views, and values from a
 menu of kinds (zeros, −0, bf16 and fp8 subnormals, e4m3 ties, values at the fp8 max,
-tiny, huge, bf16 max, NaN, ±Inf).  Duplicate slots are only drawn where the contract
+tiny, huge, bf16 max, NaN, ±Inf; finite only for the indexer ops, whose contract
+excludes NaN).  Duplicate slots are only drawn where the contract
 allows them (index builders, non-writing tokens, ring rows of one request); a cache
 writer never gets two writing tokens with one slot (that is a race).
 
@@ -134,8 +135,16 @@ def values(shape, kinds, seed, dtype=BF16) -> torch.Tensor:
     return out.reshape(shape).to(dtype)
 
 
-def kinds_st():
-    return st.lists(st.sampled_from(KINDS), min_size=1, max_size=4)
+# NaN/Inf inputs are outside the contract of the indexer ops (R §2.7: "output bytes for NaN
+# elements are NaN codes ... Not part of the contract"): their NaN codes take the sign of
+# whatever NaN the device's arithmetic produces (the reference's 0xFE on x86, 0x7E in
+# Triton), so those ops draw finite values only.  Every other op gets NaN/Inf too.
+NAN_OUTSIDE_CONTRACT = {"indexer_k_norm_rope_store", "fused_indexer_q_rope_quant"}
+
+
+def kinds_st(op=None):
+    kinds = FINITE_KINDS if op in NAN_OUTSIDE_CONTRACT else KINDS
+    return st.lists(st.sampled_from(kinds), min_size=1, max_size=4)
 
 
 def seed_st():
@@ -618,7 +627,7 @@ def st_indexer_k_norm_rope_store(draw):
     slots = _writer_slots(draw, T, nb * B, draw(st.sampled_from([I32, I64])), closes)
     pad_rows = draw(st.integers(0, 2))
     seed = draw(seed_st())
-    k = strided_rows(padded_rows(values((T, 128), draw(kinds_st()), seed), pad_rows), draw(st.sampled_from([0, 0, 32])))
+    k = strided_rows(padded_rows(values((T, 128), draw(kinds_st("indexer_k_norm_rope_store")), seed), pad_rows), draw(st.sampled_from([0, 0, 32])))
     positions = torch.tensor(pos + [0] * pad_rows, dtype=draw(st.sampled_from([I32, I64])))
     cs = cos_sin(max_pos, 64, draw(st.sampled_from([F32, BF16])), seed + 1, draw(st.sampled_from([0, 0, 8])))
     w = (torch.rand(128, generator=_gen(seed + 2)) + 0.5).to(draw(st.sampled_from([BF16, F32])))
@@ -643,7 +652,7 @@ def st_fused_indexer_q_rope_quant(draw):
     r = draw(st.sampled_from([32, 64, 128]))
     max_pos = draw(st.sampled_from([2, 64, 4097]))
     seed = draw(seed_st())
-    q = values((T, H + draw(st.sampled_from([0, 0, 3])), D), draw(kinds_st()), seed)[:, :H]
+    q = values((T, H + draw(st.sampled_from([0, 0, 3])), D), draw(kinds_st("fused_indexer_q_rope_quant")), seed)[:, :H]
     pos = torch.tensor(positions_st(draw, T, max_pos), dtype=draw(st.sampled_from([I32, I64])))
     cs = cos_sin(max_pos, r, draw(st.sampled_from([F32, BF16])), seed + 1, draw(st.sampled_from([0, 0, 8])))
     w = strided_rows(values((T, H), ["normal", "large", "zeros"], seed + 2, draw(st.sampled_from([BF16, F32]))),
@@ -706,8 +715,9 @@ def st_fused_q_kv_rmsnorm_quant(draw):
     ks = draw(st.sampled_from([1, 7, 32, 448, 512]))
     seed = draw(seed_st())
     kinds = draw(kinds_st())
-    qr = strided_rows(values((T, qs), kinds, seed, draw(st.sampled_from([BF16, F16]))), draw(st.sampled_from([0, 0, 32])))
-    kv = strided_rows(values((T, ks), kinds, seed + 1, draw(st.sampled_from([BF16, F16]))), draw(st.sampled_from([0, 0, 8])))
+    # the public op takes bf16 rows only (the V4.1 activations); fp16 is rejected with a TypeError
+    qr = strided_rows(values((T, qs), kinds, seed, BF16), draw(st.sampled_from([0, 0, 32])))
+    kv = strided_rows(values((T, ks), kinds, seed + 1, BF16), draw(st.sampled_from([0, 0, 8])))
     qw = (torch.rand(qs, generator=_gen(seed)) + 0.5).to(draw(st.sampled_from([BF16, F32])))
     kw = (torch.rand(ks, generator=_gen(seed + 1)) + 0.5).to(draw(st.sampled_from([BF16, F32])))
     eps = draw(st.sampled_from([1e-6, 1e-5, 0.0]))
@@ -736,6 +746,41 @@ def st_pad_fused_q_heads(draw):
         q = wide[:, :H]
     out = out_buffer((T, hp, 512), dtype)
     return Built("pad_fused_q_heads", [q, out], (1,), {1: exact(bytes_of(out))})
+
+
+# ---------------------------------------------------------------- transcode_k_cache
+
+
+@st.composite
+def st_transcode_k_cache(draw):
+    from dsv41.transcode import _edge_cache
+
+    width = draw(st.sampled_from([584, 528, 132]))
+    tiled = width == 132 and draw(st.booleans())
+    B = draw(st.sampled_from([16, 32] if tiled else [1, 5, 16, 64]))
+    nb_src = draw(st.integers(1, 4))
+    nb_dst = draw(st.integers(1, 4))
+    seed = draw(seed_st())
+    pad_s, pad_d = draw(st.sampled_from([0, 64])), draw(st.sampled_from([0, 32, 512]))
+    if draw(st.booleans()):  # special codes / exponents, FNUZ-writer-like bytes on even pages
+        src = _edge_cache(width, B, pad_s, nb_src, seed)
+    else:  # any byte
+        src = paged(nb_src, B, width, pad_s)
+        src.copy_(torch.randint(0, 256, src.shape, generator=_gen(seed), dtype=U8))
+    dst = paged(nb_dst, B, width, pad_d, flat=draw(st.booleans()))
+    nb = min(nb_src, nb_dst)
+    ids = draw(st.lists(st.integers(0, max(nb_src, nb_dst) + 1), max_size=6, unique=True))
+    ids += draw(st.lists(st.sampled_from([-1, -7, -(2**31)]), max_size=2))
+    ids = draw(st.permutations(ids))
+    src_fnuz, dst_fnuz = draw(st.booleans()), draw(st.booleans())
+    pages = [i for i in ids if 0 <= i < nb]
+    m = torch.zeros(dst.untyped_storage().nbytes(), dtype=torch.bool)
+    for i in pages:
+        base = dst.storage_offset() + i * dst.stride(0)
+        m[base: base + B * width] = True
+    return Built("transcode_k_cache",
+                 [src, dst, torch.tensor(ids, dtype=draw(st.sampled_from([I32, I64]))), B, width, src_fnuz, dst_fnuz, tiled],
+                 (1,), {1: exact(m)})
 
 
 STRATEGIES = {op: globals()[f"st_{op}"] for op in OPS if f"st_{op}" in globals()}

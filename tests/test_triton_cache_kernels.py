@@ -542,7 +542,7 @@ def test_indexer_k_store_empty(flavour):
 
 def test_save_compress_norm_cr1(flavour):
     g = torch.Generator().manual_seed(0)
-    T, rows = 10, 12
+    rows = 12
     kvw = torch.randn(rows, 528, generator=g, dtype=F32) * 3
     kv = kvw[:, :512]
     kv[1] = 0.0

@@ -9,7 +9,8 @@
 //
 // Conventions: raw pointers (already offset by the tensor's storage offset), strides in
 // elements of the pointed-to type (page strides of uint8 caches in bytes), int64 sizes.
-// Every kernel parallelizes over tokens with OpenMP (schedule(static)).  The per-token work
+// Every kernel parallelizes over tokens with OpenMP (dynamic chunks of 32 tokens, serial
+// below 128 tokens).  The per-token work
 // is written twice with identical results: `port` (plain loops, auto-vectorized, any CPU)
 // and `simd` (AVX-512 intrinsics, 16 fp32 lanes); `tok` names the one compiled in.
 // Negative slots are skipped.  Nothing outside a token's record bytes is touched (page
@@ -619,6 +620,12 @@ namespace tok = port;
 // Software prefetch of the lines a token PF iterations ahead will touch (random cache
 // records, random cos/sin rows): hides most of the miss latency of the scattered accesses.
 constexpr int64_t PF = 8;
+// Below this many tokens a kernel runs on the calling thread only: waking the OpenMP team
+// costs more than the work (and a busy machine can delay a woken thread by a time slice).
+constexpr int64_t PAR_MIN = 128;
+// Tokens per scheduling chunk: dynamic chunks keep both threads busy when the machine is
+// loaded and one of them is descheduled for a while (static halves would wait for it).
+constexpr int64_t CHUNK = 32;
 static inline void prefetch_lines(const void* p, int64_t bytes, bool write) {
     const char* c = (const char*)p;
     for (int64_t i = 0; i < bytes; i += 64) {
@@ -653,7 +660,7 @@ template <bool FNUZ>
 static void quantize_insert_584(const uint16_t* k, int64_t ks0, uint8_t* cache, int64_t ps,
                                 const int64_t* slots, int64_t T, int64_t B) {
     const uint32_t* thr = ceil_log2_table().thr;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, CHUNK) if (T >= PAR_MIN)
     for (int64_t t = 0; t < T; ++t) {
         if (t + PF < T) prefetch_record(cache, ps, B, slots[t + PF], 576, 8, true);
         const int64_t slot = slots[t];
@@ -675,7 +682,7 @@ template <bool FNUZ>
 static void quantize_insert_528(const uint16_t* k, int64_t ks0, uint8_t* cache, int64_t ps,
                                 const int64_t* slots, int64_t T, int64_t B) {
     const uint32_t* thr = ceil_log2_table().thr;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, CHUNK) if (T >= PAR_MIN)
     for (int64_t t = 0; t < T; ++t) {
         if (t + PF < T) prefetch_record(cache, ps, B, slots[t + PF], 512, 16, true);
         const int64_t slot = slots[t];
@@ -689,7 +696,7 @@ static void quantize_insert_528(const uint16_t* k, int64_t ks0, uint8_t* cache, 
 }
 
 // dequantize_and_gather_k_cache (spec cache_ops §4).  Tokens are the concatenation of the
-// requests' gathered ranges; each thread takes a contiguous slice of them.
+// requests' gathered ranges, processed in chunks of CHUNK consecutive tokens.
 template <int W, bool FNUZ>
 static void gather_impl(uint16_t* out, int64_t os0, int64_t os1, const uint8_t* cache, int64_t ps,
                         const int32_t* seq_lens, const int32_t* gather_lens, int64_t R,
@@ -703,11 +710,11 @@ static void gather_impl(uint16_t* out, int64_t os0, int64_t os1, const uint8_t* 
     }
     const int64_t total = first[R];
     if (total == 0) return;
-#pragma omp parallel
-    {
-        const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
-        const int64_t lo = total * tid / nt, hi = total * (tid + 1) / nt;
-        if (lo < hi) {
+    const int64_t nchunks = (total + CHUNK - 1) / CHUNK;
+#pragma omp parallel for schedule(dynamic, 1) if (total >= PAR_MIN)
+    for (int64_t c = 0; c < nchunks; ++c) {
+        const int64_t lo = c * CHUNK, hi = std::min(total, lo + CHUNK);
+        {
             int64_t r = std::upper_bound(first.begin(), first.end(), lo) - first.begin() - 1;
             int64_t rp = r;  // request of the token PF ahead
             for (int64_t idx = lo; idx < hi; ++idx) {
@@ -754,7 +761,7 @@ static void rope_quant_insert_impl(const uint16_t* latent, int64_t ls0, const in
     const int64_t vb = KIND == RK_584 ? 576 : KIND == RK_528 ? 512 : 256;
     const int64_t sb = KIND == RK_584 ? 8 : KIND == RK_528 ? 16 : 32;
     const int64_t esz = KIND == RK_BF16 ? 2 : 1;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, CHUNK) if (T >= PAR_MIN)
     for (int64_t t = 0; t < T; ++t) {
         if (t + PF < T) {
             const int64_t sp = slots[t + PF], pp = positions[t + PF];
@@ -800,8 +807,8 @@ static void rope_quant_insert_impl(const uint16_t* latent, int64_t ls0, const in
     }
 }
 
-// indexer_k_norm_rope_store (rope_quant_ops §3; page layouts §3.4).  Each thread takes a
-// contiguous slice of tokens and runs the writing ones two at a time (tok::indexer_tokens).
+// indexer_k_norm_rope_store (rope_quant_ops §3; page layouts §3.4).  Chunks of CHUNK tokens;
+// the writing tokens of a chunk run two at a time (tok::indexer_tokens).
 template <bool FP4, bool TILED>
 static inline void indexer_store_token(const uint8_t* q, const uint8_t* sb, uint8_t* pg, int64_t o,
                                        int64_t B, int64_t N) {
@@ -836,10 +843,10 @@ static void indexer_k_store_impl(const uint16_t* k_pre, int64_t ks0, const int64
                                  int64_t ps, int64_t B, const int64_t* slots, int64_t T,
                                  int64_t CR, int64_t N) {
     const uint32_t* thr = ceil_log2_table().thr;
-#pragma omp parallel
-    {
-        const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
-        const int64_t lo = T * tid / nt, hi = T * (tid + 1) / nt;
+    const int64_t nchunks = (T + CHUNK - 1) / CHUNK;
+#pragma omp parallel for schedule(dynamic, 1) if (T >= PAR_MIN)
+    for (int64_t c = 0; c < nchunks; ++c) {
+        const int64_t lo = c * CHUNK, hi = std::min(T, lo + CHUNK);
         alignas(64) uint8_t qbuf[2][IDX_D];
         uint8_t sb[2][4];
         uint8_t* qp[2] = {qbuf[0], qbuf[1]};
@@ -859,7 +866,21 @@ static void indexer_k_store_impl(const uint16_t* k_pre, int64_t ks0, const int64
                 const int64_t sp = slots[t + PF], pp = positions[t + PF];
                 if (sp >= 0 && (pp + 1) % CR == 0) {
                     prefetch_cs_row(cs, cs_bf16, cs_s0, cs_s1, (pp / CR) * CR);
-                    if (!TILED) prefetch_record(cache, ps, B, sp, FP4 ? 64 : IDX_D, 4, true);
+                    if (!TILED) {
+                        prefetch_record(cache, ps, B, sp, FP4 ? 64 : IDX_D, 4, true);
+                    } else {
+                        uint8_t* pg = cache + (sp / B) * ps;
+                        const int64_t o = sp % B;
+                        if (!FP4) {
+                            uint8_t* base = pg + (o / 16) * (16 * IDX_D) + (o % 16) * 16;
+                            for (int b = 0; b < IDX_D / 16; ++b) __builtin_prefetch(base + b * 256, 1, 3);
+                            __builtin_prefetch(pg + B * IDX_D + o * 4, 1, 3);
+                        } else {
+                            uint8_t* base = pg + (o / N) * (N * 64) + (o % N) * 16;
+                            for (int b = 0; b < 4; ++b) __builtin_prefetch(base + b * (N * 16), 1, 3);
+                            prefetch_lines(pg + B * 64 + (o / N) * (N * 4), N * 4, true);
+                        }
+                    }
                 }
             }
             const int64_t sl = slots[t];

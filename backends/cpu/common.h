@@ -43,21 +43,22 @@
 //   v16_bf16_canon(x)             __m512 -> 16 bf16 bits (__m256i), RNE, NaN -> 0x7FFF
 //   v16_bf16_torch(x)             same, NaN -> 0xFFFF (torch's CPU cast)
 //   v16_bf16_round(x, nan_bits)   fp32 -> bf16 RNE -> fp32 in place (NaN -> nan_bits << 16)
-//   v16_e4m3_encode<FNUZ>(x, sat_bits, nan_code)   16 bytes (__m128i): RNE, |x| saturated
-//                                 to from_bits(sat_bits) (448/240 for the plain casts, 448/224 for
-//                                 the quantizers), NaN -> nan_code, FNUZ drops the sign of zero;
-//                                 nan_code V16_NAN_SIGNED_SAT: e4m3(clamp_sym(x, sat)); nan_code
-//                                 V16_NAN_POS_SAT: NaN -> +sat (the quantizers' rule).
+//   v16_e4m3_encode<FNUZ>(x, sat_bits, nan_code)   16 bytes (__m128i): RNE incl. subnormals,
+//                                 |x| saturated to from_bits(sat_bits) (448/240 for the plain
+//                                 casts, 448/224 for the quantizers), FNUZ drops the sign of zero.
+//                                 NaN: nan_code <= 0xFF -> that byte; V16_NAN_SIGNED_SAT -> ±sat
+//                                 by its sign (e4m3(clamp_sym(x, sat))); V16_NAN_POS_SAT -> +sat
+//                                 (the quantizers' rule).  (OCP, 0x43E00000, 0x7F) ==
+//                                 e4m3fn_encode; (FNUZ, 0x43700000, 0x80) == e4m3fnuz_encode.
 //   v16_e4m3_encode_dw<FNUZ>(...) the same, one byte per dword lane (unpacked)
 //   v16_pack4_u8(d0, d1, d2, d3)  4 x 16 byte-valued dwords -> 64 bytes in order
-//                                 (OCP, 0x43E00000, 0x7F) == e4m3fn_encode; (FNUZ, 0x43700000,
-//                                 0x80) == e4m3fnuz_encode.
 //   v16_e4m3_decode<FNUZ>(b)      16 bytes -> __m512 (exact, NaN bytes -> NaN)
 //   v16_e2m1_encode(x)            16 codes in the low 4 bits of each dword (== e2m1_encode)
 //   v16_abs_bits_nonan(x)         |x| bit patterns with NaN lanes zeroed (for NaN-ignoring amax)
 //   v16_hmax16x16_epu32(v[16])    lane g = unsigned max of the 16 lanes of v[g]
-//   v16_ceil_log2_pos(r, thr)     ceil_log2 of 16 positive normal-or-inf r, as int32 (inf -> 255
-//                                 sentinel is the caller's business: see the comment)
+//   v16_ceil_log2_pos(r, thr)     ceil_log2 of 16 positive normal r as int32 (thr from
+//                                 ceil_log2_table(); lanes with r = +inf must be handled by the
+//                                 caller, see the comment at the definition)
 #pragma once
 
 #include <cmath>
@@ -409,19 +410,23 @@ static inline __m512 v16_e4m3_decode(__m128i bytes) {
     return _mm512_castsi512_ps(r);
 }
 
+// e2m1 like e4m3 with 2 exponent / 1 mantissa bits: |x| >= 1 rounds its fp32 bits at bit 22
+// (RNE, carries into the exponent), |x| < 1 is rounded to the 0.5 grid by adding 2^22;
+// saturate at 6, NaN -> magnitude 0, sign bit kept.
 static inline __m512i v16_e2m1_encode(__m512 x) {
-    const __m512 a = _mm512_abs_ps(x);
-    const __m512i one = v16_u32(1);
-    __m512i c = _mm512_setzero_si512();
-    c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.25f), _CMP_GT_OQ), c, one);
-    c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.75f), _CMP_GE_OQ), c, one);
-    c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(a, _mm512_set1_ps(1.25f), _CMP_GT_OQ), c, one);
-    c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(a, _mm512_set1_ps(1.75f), _CMP_GE_OQ), c, one);
-    c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(a, _mm512_set1_ps(2.5f), _CMP_GT_OQ), c, one);
-    c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(a, _mm512_set1_ps(3.5f), _CMP_GE_OQ), c, one);
-    c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(a, _mm512_set1_ps(5.0f), _CMP_GT_OQ), c, one);
-    const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(x), 28), v16_u32(8));
-    return _mm512_or_si512(c, sign);
+    const __m512i b = _mm512_castps_si512(x);
+    __m512i a = _mm512_and_si512(b, v16_u32(0x7FFFFFFFu));
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(a, v16_u32(0x7F800000u));
+    a = _mm512_min_epu32(a, v16_u32(0x40C00000u));  // 6.0
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(a, 22), v16_u32(1));
+    const __m512i nrm = _mm512_srli_epi32(
+        _mm512_add_epi32(_mm512_add_epi32(a, v16_u32(0x1FFFFFu - (126u << 23))), odd), 22);
+    const __m512i sub = _mm512_sub_epi32(
+        _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(4194304.0f))),
+        v16_u32(0x4A800000u));
+    __m512i r = _mm512_mask_mov_epi32(nrm, _mm512_cmplt_epu32_mask(a, v16_u32(0x3F800000u)), sub);
+    r = _mm512_maskz_mov_epi32((__mmask16)~nan, r);
+    return _mm512_ternarylogic_epi32(r, _mm512_srli_epi32(b, 28), v16_u32(8u), 0xF8);  // r | (s & 8)
 }
 
 static inline __m512i v16_abs_bits_nonan(__m512 x) {

@@ -8,16 +8,14 @@
 //   * per-request arrays are read with the request index clamped into range (_per_request).
 //
 // Layout assumptions (checked by the Python wrappers, which fall back to the reference
-// otherwise): 2-D int32 tensors have a unit last stride; 1-D tensors pass their stride.
+// otherwise): index / output matrices have a unit last stride; block tables and 1-D tensors
+// pass all their strides (sliced, transposed, column-strided tables are read in place).
 // Parallelism: OpenMP over rows (tokens); every row is independent.
+// (Integer work only: nothing from common.h is needed, so it is not included.)
 
 #include <algorithm>
 #include <cstdint>
 #include <vector>
-
-#if __has_include("common.h")
-#include "common.h"
-#endif
 
 namespace {
 

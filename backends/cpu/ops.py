@@ -10,9 +10,14 @@ its bytes equal ``dsv41.reference``'s.  The C++ lives next to this file:
   fused_indexer_q_rope_quant (R §2), fused_inv_rope_fp8_quant (R §4),
   fused_q_kv_rmsnorm_quant (R §5), pad_fused_q_heads (R §6.3).
 
-The kernels take raw pointers plus element strides.  Layouts or dtypes the C++ does not
-cover (never produced by the public functions, e.g. a column-strided index matrix or an
-fp16 attention output) go to the reference, so every call still gives the reference's bytes.
+The kernels take raw pointers plus element strides (views, sliced / transposed block tables,
+strided 1-D inputs are read in place).  Layouts or dtypes the C++ does not cover (none of them
+produced by the public functions: a column-strided index matrix, an fp16 attention output, an
+odd NoPE width in the inverse RoPE, more ``seq_lens`` than requests in ``combine``'s
+``query_start_loc``, ...) go to the reference, so every call still gives the reference's bytes;
+``FALLBACKS`` counts those calls per op.
+
+Registry mapping (op -> kernel): ``dsv41.backends.cpu.ops:<op name>`` for the eight ops above.
 """
 
 from __future__ import annotations
@@ -96,8 +101,24 @@ def _fn(name: str):
     return f
 
 
-def build_error() -> str | None:
-    """None when both kernel libraries build and load, else the reason (for the capability sheet)."""
+_LIB_OF_OP = {
+    "compute_global_topk_indices_and_lens": _INDEX,
+    "combine_topk_swa_indices": _INDEX,
+    "build_flashinfer_mixed_sparse_indices": _INDEX,
+    "fused_save_compress_norm": _ROPE,
+    "fused_indexer_q_rope_quant": _ROPE,
+    "fused_inv_rope_fp8_quant": _ROPE,
+    "fused_q_kv_rmsnorm_quant": _ROPE,
+    "pad_fused_q_heads": _ROPE,
+}
+
+
+def build_error(op: str | None = None) -> str | None:
+    """None when the kernel library of ``op`` (both libraries when None) builds and loads,
+    else the reason (for the capability sheet's ``extra_reasons``)."""
+    if op is not None:
+        lib = _LIB_OF_OP.get(op)
+        return f"no CPU kernel for {op}" if lib is None else _build_error(*lib)
     return _build_error(*_INDEX) or _build_error(*_ROPE)
 
 

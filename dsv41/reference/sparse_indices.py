@@ -137,7 +137,8 @@ def combine_topk_swa_indices(
     if T == 0:  # §6: returns immediately when T = 0
         return None
     dev = topk_indices.device
-    R = seq_lens.shape[0]
+    # R = number of requests = len(query_start_loc) - 1 (seq_lens / gather_lens may be longer)
+    R = query_start_loc.shape[0] - 1
     W_out = combined_indices.shape[1]
     idx_out = combined_indices[:T]
     lens_out = combined_lens[:T]
