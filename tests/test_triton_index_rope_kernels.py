@@ -65,7 +65,7 @@ def _module(name: str):
         return importlib.import_module(full)
     from triton_interp import load_interpreted
 
-    return load_interpreted(full)
+    return load_interpreted(full, also=("dsv41.backends.triton.reductions",))
 
 
 def idx():

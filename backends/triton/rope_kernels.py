@@ -33,6 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .reductions import _rmax, _rsum
+
 __all__ = [
     "fused_indexer_q_rope_quant",
     "fused_inv_rope_fp8_quant",
@@ -77,36 +79,6 @@ def _pow2(n: int) -> int:
 
 
 # ============================================================================ helpers
-
-
-@triton.jit
-def _add(a, b):
-    return a + b
-
-
-@triton.jit
-def _maxnum(a, b):
-    return tl.maximum(a, b)
-
-
-# Triton's own combine functions where they exist (the interpreter recognises them and
-# reduces with numpy instead of a per-element Python loop); ours otherwise.
-_SUM_COMBINE = getattr(tl.standard, "_sum_combine", None) or _add
-_MAX_COMBINE = getattr(tl.standard, "_elementwise_max", None) or _maxnum
-
-
-@triton.jit
-def _rsum(x, axis: tl.constexpr):
-    """``tl.sum`` through ``tl.reduce`` (so that a private interpreted copy of this module,
-    ``tests/triton_interp.load_interpreted``, never calls a compiled-mode
-    ``triton.language.standard`` wrapper)."""
-    return tl.reduce(x, axis, _SUM_COMBINE)
-
-
-@triton.jit
-def _rmax(x, axis: tl.constexpr):
-    """``tl.max`` (max.f32 / maxnum: a NaN operand loses) through ``tl.reduce``."""
-    return tl.reduce(x, axis, _MAX_COMBINE)
 
 
 @triton.jit
