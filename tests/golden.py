@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from dsv41.conformance import _view_on, written_bytes
+
 ROOT = Path(__file__).resolve().parents[1]
 ARCHIVE = Path(os.environ.get("DSV41_VECTORS", ROOT.parent / "shared" / "vectors" / "vllm-sm90.tar.xz"))
 
@@ -43,13 +45,7 @@ def load_all() -> list[Golden]:
 
 def clone_view(t: torch.Tensor, device="cpu") -> torch.Tensor:
     """Copy of ``t`` with its whole backing storage, same view (size, stride, offset)."""
-    st = t.untyped_storage()
-    raw = torch.empty(st.nbytes(), dtype=torch.uint8)
-    raw.untyped_storage().copy_(st)
-    raw = raw.to(device)
-    new = torch.empty(0, dtype=t.dtype, device=device)
-    new.set_(raw.untyped_storage(), t.storage_offset(), t.shape, t.stride())
-    return new
+    return _view_on(t, device)
 
 
 def clone_value(v, device="cpu"):
@@ -60,11 +56,7 @@ def clone_value(v, device="cpu"):
     return v
 
 
-def storage_bytes(t: torch.Tensor) -> torch.Tensor:
-    st = t.untyped_storage()
-    raw = torch.empty(st.nbytes(), dtype=torch.uint8, device=t.device)
-    raw.untyped_storage().copy_(st)
-    return raw.cpu()
+storage_bytes = written_bytes  # the whole backing storage as uint8 on the CPU
 
 
 def view_bytes(t: torch.Tensor) -> torch.Tensor:
