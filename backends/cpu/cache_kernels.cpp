@@ -204,18 +204,18 @@ static inline void indexer_token(const uint16_t* __restrict krow, const void* cs
     alignas(64) float k[IDX_D], kn[IDX_D], kr[IDX_D];
     alignas(64) float c[IDX_D / 2], s[IDX_D / 2];
     bf16_to_f32(krow, k, IDX_D);
-    // RMSNorm, as the reference: k_d^2 exact in float64, summed in float64, rounded once;
-    // /128 exact; rsqrt = fl32 of the float64 1/sqrt.  The float64 sum is exact (so the
-    // order does not matter) unless the squares span more than ~2^37; the order used here
-    // (and by the simd twin): chunk c of 8 dims goes to accumulator c % 4, lane l; then
-    // A = (acc0 + acc1) + (acc2 + acc3) per lane, ss = ((A0+A4)+(A2+A6)) + ((A1+A5)+(A3+A7)).
-    double acc[4][8] = {};
-    for (int c = 0; c < IDX_D / 8; ++c)
-        for (int l = 0; l < 8; ++l) acc[c & 3][l] += (double)k[8 * c + l] * (double)k[8 * c + l];
-    double A[8];
-    for (int l = 0; l < 8; ++l) A[l] = (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l]);
-    const double ss = ((A[0] + A[4]) + (A[2] + A[6])) + ((A[1] + A[5]) + (A[3] + A[7]));
-    const float v = (float)ss / 128.0f + eps;
+    // RMSNorm, as the reference (_sum_sq_128): fp32 squares; 32 lanes each add their 4
+    // contiguous squares left to right, then a butterfly over lanes with xor distances
+    // 16, 8, 4, 2, 1 (lane 0's value); /128 exact; rsqrt = fl32 of the float64 1/sqrt.
+    float acc[32];
+    for (int l = 0; l < 32; ++l) {
+        const float* kk = k + 4 * l;
+        acc[l] = ((kk[0] * kk[0] + kk[1] * kk[1]) + kk[2] * kk[2]) + kk[3] * kk[3];
+    }
+    for (int dist = 16; dist >= 1; dist >>= 1)
+        for (int l = 0; l < dist; ++l) acc[l] = acc[l] + acc[l + dist];
+    const float ss = acc[0];
+    const float v = ss / 128.0f + eps;
     const float r = (float)(1.0 / std::sqrt((double)v));
     for (int d = 0; d < IDX_D; ++d) kn[d] = rnbf16_torch((k[d] * r) * w[d]);
     // RoPE at the group's first position; NoPE pairs rotate by (1, 0) (finding 2); bf16.
@@ -493,13 +493,53 @@ static inline void store_fp8_row(const float* __restrict rot, uint8_t* __restric
 
 static inline __m512 bf16_round_torch(__m512 x) { return v16_bf16_round(x, 0xFFFFu); }
 
+// Σ k_d² of one indexer key in the reference's order (see port::indexer_token): for a pair
+// of chunks P, Q (16 dims = 4 lanes each), Triton lanes at positions 0 (P) and 2 (Q) of
+// every 128-bit lane; then the butterfly 16, 8 (whole vectors), 4, 2, 1 (in-vector).
+static inline float indexer_sumsq(const __m512* k) {
+    __m512 R[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+        const __m512 P = _mm512_mul_ps(k[2 * j], k[2 * j]);
+        const __m512 Q = _mm512_mul_ps(k[2 * j + 1], k[2 * j + 1]);
+        const __m512 A = _mm512_shuffle_ps(P, Q, 0x44);  // P0 P1 Q0 Q1
+        const __m512 B = _mm512_shuffle_ps(P, Q, 0xEE);  // P2 P3 Q2 Q3
+        __m512 t = _mm512_add_ps(A, _mm512_permute_ps(A, 0xB1));
+        t = _mm512_add_ps(t, B);
+        R[j] = _mm512_add_ps(t, _mm512_permute_ps(B, 0xB1));
+    }
+    const __m512 C = _mm512_add_ps(_mm512_add_ps(R[0], R[2]), _mm512_add_ps(R[1], R[3]));
+    const __m512 D = _mm512_add_ps(C, _mm512_permute_ps(C, 0x4E));
+    const __m512 E = _mm512_add_ps(D, _mm512_shuffle_f32x4(D, D, 0x4E));
+    const __m512 F = _mm512_add_ps(E, _mm512_shuffle_f32x4(E, E, 0xB1));
+    return _mm512_cvtss_f32(F);
+}
+static inline float indexer_rsqrt(float ss, float eps) {
+    const float v = ss / 128.0f + eps;
+    return (float)(1.0 / std::sqrt((double)v));
+}
+// rs[i] of n keys (16 at a time in float64; == indexer_rsqrt lane by lane)
+static inline void indexer_rsqrt_n(const float* ss, float* rs, int n, float eps) {
+    const __m512 c128 = _mm512_set1_ps(128.0f), ev = _mm512_set1_ps(eps);
+    const __m512d one = _mm512_set1_pd(1.0);
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 v = _mm512_add_ps(_mm512_div_ps(_mm512_maskz_loadu_ps(m, ss + i), c128), ev);
+        const __m512d lo = _mm512_div_pd(one, _mm512_sqrt_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v))));
+        const __m512d hi = _mm512_div_pd(one, _mm512_sqrt_pd(_mm512_cvtps_pd(
+                                                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)))));
+        const __m512 r = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo)), _mm512_cvtpd_ps(hi), 1);
+        _mm512_mask_storeu_ps(rs + i, m, r);
+    }
+}
+
 // NT tokens at once, phase by phase, so the out-of-order core overlaps their latency chains
 // (sum of squares -> sqrt/div -> norm -> RoPE -> amax -> scale -> encode).
 template <bool FP4, int NT>
 static inline void indexer_tokens(const uint16_t* const* krow, const int64_t* row, const void* cs,
                                   int32_t cs_bf16, int64_t cs_s0, int64_t cs_s1, int rope_dim,
                                   const float* __restrict w, float eps, const uint32_t* thr,
-                                  uint8_t* const* q, uint8_t (*sb)[4]) {
+                                  uint8_t* const* q, uint8_t (*sb)[4], const float* rs_in = nullptr) {
     if (rope_dim != 64) {  // the AVX-512 path is laid out for 64 NoPE + 64 RoPE dims
         for (int u = 0; u < NT; ++u)
             port::indexer_token<FP4>(krow[u], cs, cs_bf16, cs_s0, cs_s1, row[u], rope_dim, w, eps,
@@ -509,23 +549,21 @@ static inline void indexer_tokens(const uint16_t* const* krow, const int64_t* ro
     const __m512 es = even_sign();
     __m512 k[NT][8];
     float rs[NT];
+    // RMSNorm sum of squares in the reference's order (see port::indexer_token): for a pair
+    // of chunks P, Q (16 dims = 4 lanes each), Triton lanes at positions 0 (P) and 2 (Q) of
+    // every 128-bit lane; then the butterfly 16, 8 (whole vectors), 4, 2, 1 (in-vector).
+#pragma GCC unroll 4
     for (int u = 0; u < NT; ++u) {
-        __m512d acc[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd()};
-        for (int i = 0; i < 8; ++i) {  // chunks 2i (low half) and 2i+1 (high half)
-            k[u][i] = v16_bf16_load(krow[u] + 16 * i);
-            const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(k[u][i]));
-            const __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(k[u][i]), 1)));
-            acc[(2 * i) & 3] = _mm512_fmadd_pd(lo, lo, acc[(2 * i) & 3]);  // k^2 exact: fma == mul + add
-            acc[(2 * i + 1) & 3] = _mm512_fmadd_pd(hi, hi, acc[(2 * i + 1) & 3]);
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) k[u][i] = v16_bf16_load(krow[u] + 16 * i);
+        if (rs_in) {
+            rs[u] = rs_in[u];
+            continue;
         }
-        const __m512d A = _mm512_add_pd(_mm512_add_pd(acc[0], acc[1]), _mm512_add_pd(acc[2], acc[3]));
-        const __m256d t = _mm256_add_pd(_mm512_castpd512_pd256(A), _mm512_extractf64x4_pd(A, 1));
-        const __m128d v2 = _mm_add_pd(_mm256_castpd256_pd128(t), _mm256_extractf128_pd(t, 1));
-        const double ss = _mm_cvtsd_f64(v2) + _mm_cvtsd_f64(_mm_unpackhi_pd(v2, v2));
-        const float v = (float)ss / 128.0f + eps;
-        rs[u] = (float)(1.0 / std::sqrt((double)v));
+        rs[u] = indexer_rsqrt(indexer_sumsq(k[u]), eps);
     }
     __m512 cc[NT][2], sn[NT][2];
+#pragma GCC unroll 8
     for (int u = 0; u < NT; ++u) {
         if (cs_s1 == 1) {
             const void* rp = cs_bf16 ? (const void*)((const uint16_t*)cs + row[u] * cs_s0)
@@ -540,8 +578,10 @@ static inline void indexer_tokens(const uint16_t* const* krow, const int64_t* ro
         }
     }
     __m512i am[NT][4];
+#pragma GCC unroll 8
     for (int u = 0; u < NT; ++u) {
         const __m512 r = _mm512_set1_ps(rs[u]);
+#pragma GCC unroll 8
         for (int i = 0; i < 8; ++i) {
             const __m512 kn = bf16_round_torch(_mm512_mul_ps(_mm512_mul_ps(k[u][i], r), _mm512_loadu_ps(w + 16 * i)));
             __m512 y;
@@ -558,6 +598,7 @@ static inline void indexer_tokens(const uint16_t* const* krow, const int64_t* ro
     }
     if (!FP4) {
         float sc[NT];
+#pragma GCC unroll 8
         for (int u = 0; u < NT; ++u) {
             const __m512i m = _mm512_max_epu32(_mm512_max_epu32(am[u][0], am[u][1]), _mm512_max_epu32(am[u][2], am[u][3]));
             float amax = from_bits(_mm512_reduce_max_epu32(m));
@@ -567,11 +608,14 @@ static inline void indexer_tokens(const uint16_t* const* krow, const int64_t* ro
             const float scale = exp2i(e);
             std::memcpy(sb[u], &scale, 4);
         }
+#pragma GCC unroll 8
         for (int u = 0; u < NT; ++u) {
             const __m512 scv = _mm512_set1_ps(sc[u]);
+#pragma GCC unroll 8
             for (int h = 0; h < 2; ++h) {
                 // e4m3(clamp_sym(y, 448)): the encoder's saturation with the NaN sign kept.
                 __m512i e[4];
+#pragma GCC unroll 8
                 for (int j = 0; j < 4; ++j)
                     e[j] = v16_e4m3_encode_dw<false>(_mm512_mul_ps(k[u][4 * h + j], scv), 0x43E00000u, V16_NAN_SIGNED_SAT);
                 _mm512_storeu_si512(q[u] + 64 * h, v16_pack4_u8(e[0], e[1], e[2], e[3]));
@@ -579,7 +623,9 @@ static inline void indexer_tokens(const uint16_t* const* krow, const int64_t* ro
         }
     } else {
         float sc[NT][4];
+#pragma GCC unroll 8
         for (int u = 0; u < NT; ++u) {
+#pragma GCC unroll 8
             for (int b = 0; b < 4; ++b) {
                 float amax = from_bits(_mm512_reduce_max_epu32(am[u][b]));
                 const float floor_ = 0x1.8p-124f;  // 6 * 2^-126
@@ -590,7 +636,9 @@ static inline void indexer_tokens(const uint16_t* const* krow, const int64_t* ro
                 sb[u][b] = (uint8_t)(int)(e + 127.0f);
             }
         }
+#pragma GCC unroll 8
         for (int u = 0; u < NT; ++u) {
+#pragma GCC unroll 8
             for (int i = 0; i < 8; ++i) {
                 const __m512 y = _mm512_mul_ps(k[u][i], _mm512_set1_ps(sc[u][i >> 1]));
                 store_nibbles(v16_e2m1_encode(y), q[u] + 8 * i);
@@ -853,6 +901,48 @@ static void indexer_k_store_impl(const uint16_t* k_pre, int64_t ks0, const int64
         const uint16_t* kr[2];
         int64_t row[2], slot[2];
         int np = 0;
+#if DSV41_CPU_AVX512
+        if (rope_dim == 64) {
+            // Phase 1: the writing tokens of the chunk and their RMSNorm factors (the float64
+            // sqrt / div of 16 keys at once instead of one latency chain per key).
+            const uint16_t* kk[CHUNK];
+            int64_t rr[CHUNK], sl_[CHUNK];
+            alignas(64) float ss[CHUNK], rs[CHUNK];
+            int n = 0;
+            for (int64_t t = lo; t < hi; ++t) {
+                const int64_t sl = slots[t];
+                if (sl < 0) continue;
+                const int64_t pos = positions[t];
+                if ((pos + 1) % CR != 0) continue;
+                kk[n] = k_pre + t * ks0;
+                rr[n] = (pos / CR) * CR;
+                sl_[n] = sl;
+                ++n;
+            }
+            for (int i = 0; i < n; ++i) {
+                __m512 kv[8];
+#pragma GCC unroll 8
+                for (int j = 0; j < 8; ++j) kv[j] = v16_bf16_load(kk[i] + 16 * j);
+                ss[i] = simd::indexer_sumsq(kv);
+            }
+            simd::indexer_rsqrt_n(ss, rs, n, eps);
+            // Phase 2: two keys at a time, prefetching the cos/sin rows and records ahead.
+            for (int i = 0; i < n; i += 2) {
+                for (int j = i + PF; j < i + PF + 2 && j < n; ++j) {
+                    prefetch_cs_row(cs, cs_bf16, cs_s0, cs_s1, rr[j]);
+                    if (!TILED) prefetch_record(cache, ps, B, sl_[j], FP4 ? 64 : IDX_D, 4, true);
+                }
+                const int m = n - i >= 2 ? 2 : 1;
+                if (m == 2)
+                    simd::indexer_tokens<FP4, 2>(kk + i, rr + i, cs, cs_bf16, cs_s0, cs_s1, rope_dim, w, eps, thr, qp, sb, rs + i);
+                else
+                    simd::indexer_tokens<FP4, 1>(kk + i, rr + i, cs, cs_bf16, cs_s0, cs_s1, rope_dim, w, eps, thr, qp, sb, rs + i);
+                for (int u = 0; u < m; ++u)
+                    indexer_store_token<FP4, TILED>(qbuf[u], sb[u], cache + (sl_[i + u] / B) * ps, sl_[i + u] % B, B, N);
+            }
+            continue;
+        }
+#endif
         auto flush = [&](int n) {
             if (n == 2)
                 tok::indexer_tokens<FP4, 2>(kr, row, cs, cs_bf16, cs_s0, cs_s1, rope_dim, w, eps, thr, qp, sb);

@@ -17,6 +17,13 @@
 #include <cstdint>
 #include <vector>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define DSV41_IDX_AVX512 1
+#else
+#define DSV41_IDX_AVX512 0
+#endif
+
 namespace {
 
 inline int32_t wadd(int32_t a, int32_t b) { return (int32_t)((uint32_t)a + (uint32_t)b); }
@@ -115,6 +122,61 @@ inline void count_row(const int32_t* __restrict src, int32_t* __restrict dst, in
         dst[j] = -1;
     }
     count = cnt;
+}
+
+// §7 fused "table lookup then span remap" for a power-of-two block size (the same size for
+// both steps, as in every caller), unit-stride table row with ncols >= 1 entries:
+//   slot = x >= 0 && x/bs < ncols ? trow[x/bs]*bs + x%bs : -1      (table_slot)
+//   out  = slot >= 0 ? (slot/bs)*span + slot%bs : -1                (remap)
+// Branch-free, one element; the vector versions below compute exactly the same thing.
+inline int32_t slot_remap_pow2(int32_t x, const int32_t* __restrict trow, uint32_t ncols, uint32_t sh,
+                               uint32_t mask, uint32_t span) {
+    const uint32_t u = (uint32_t)x;
+    const uint32_t col = u >> sh;
+    const bool ok = x >= 0 && col < ncols;
+    const uint32_t bid = (uint32_t)trow[ok ? col : 0u];
+    const uint32_t slot = (bid << sh) + (u & mask);
+    const uint32_t rm = (slot >> sh) * span + (slot & mask);
+    return (ok && (int32_t)slot >= 0) ? (int32_t)rm : -1;
+}
+
+#if DSV41_IDX_AVX512
+inline __m512i slot_remap_pow2_v(__m512i x, const int32_t* __restrict trow, __m512i ncols, __m128i sh,
+                                 __m512i mask, __m512i span) {
+    const __m512i col = _mm512_srl_epi32(x, sh);
+    const __mmask16 ok = _mm512_cmpge_epi32_mask(x, _mm512_setzero_si512()) & _mm512_cmplt_epu32_mask(col, ncols);
+    const __m512i bid = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), ok, col, trow, 4);
+    const __m512i slot = _mm512_add_epi32(_mm512_sll_epi32(bid, sh), _mm512_and_si512(x, mask));
+    const __mmask16 good = ok & _mm512_cmpge_epi32_mask(slot, _mm512_setzero_si512());
+    const __m512i rm = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_srl_epi32(slot, sh), span), _mm512_and_si512(slot, mask));
+    return _mm512_mask_mov_epi32(_mm512_set1_epi32(-1), good, rm);
+}
+#endif
+
+// dst[j] = slot_remap_pow2(src[j]) for j < n (src == nullptr: src[j] = start + j, int32 wrap).
+inline void slot_remap_row_pow2(const int32_t* __restrict src, int32_t start, int32_t* __restrict dst, int64_t n,
+                                const int32_t* __restrict trow, uint32_t ncols, uint32_t sh, uint32_t mask,
+                                uint32_t span) {
+    int64_t j = 0;
+#if DSV41_IDX_AVX512
+    const __m512i vn = _mm512_set1_epi32((int)ncols), vm = _mm512_set1_epi32((int)mask),
+                  vs = _mm512_set1_epi32((int)span);
+    const __m128i vsh = _mm_cvtsi32_si128((int)sh);
+    const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    for (; j + 16 <= n; j += 16) {
+        const __m512i x = src ? _mm512_loadu_si512((const void*)(src + j))
+                              : _mm512_add_epi32(_mm512_set1_epi32((int)wadd(start, (int32_t)j)), iota);
+        _mm512_storeu_si512((void*)(dst + j), slot_remap_pow2_v(x, trow, vn, vsh, vm, vs));
+    }
+#endif
+    if (src)
+        for (; j < n; ++j) dst[j] = slot_remap_pow2(src[j], trow, ncols, sh, mask, span);
+    else
+        for (; j < n; ++j) dst[j] = slot_remap_pow2(wadd(start, (int32_t)j), trow, ncols, sh, mask, span);
+}
+
+inline void fill_m1(int32_t* __restrict dst, int64_t n) {
+    for (int64_t j = 0; j < n; ++j) dst[j] = -1;
 }
 
 }  // namespace
@@ -268,6 +330,10 @@ void dsv41_build_flashinfer_mixed_sparse_indices(
     const int32_t wswa = i32(W_swa);
     const int32_t win = i32(window_size);
     const bool par = (D + P) * std::max<int64_t>(out_w, 1) >= kParallelMin && (D + P) > 1;
+    // Fast prefill paths: power-of-two block size, unit-stride table with at least one column
+    // (0 <= cols < 2^31, so the uint32 column compare is the reference's bound check).
+    const bool fast_swa = sbs.pow2 && sbs.shift < 31 && swa_s1 == 1 && swa_cols > 0 && swa_cols <= INT32_MAX;
+    const bool fast_comp = cbs.pow2 && cbs.shift < 31 && comp_s1 == 1 && comp_cols > 0 && comp_cols <= INT32_MAX;
 
 #pragma omp parallel for schedule(static) if (par)
     for (int64_t n = 0; n < D + P; ++n) {
@@ -331,17 +397,33 @@ void dsv41_build_flashinfer_mixed_sparse_indices(
             const int32_t* strow = (req >= 0 && req < swa_rows) ? swa_table + (int64_t)req * swa_s0 : nullptr;
             const int64_t nswa = std::min<int64_t>(std::max<int32_t>(swa_len, 0), W_swa);
             int64_t j = 0;
+            if (fast_swa && strow != nullptr) {
+                slot_remap_row_pow2(nullptr, swa_start, dst, nswa, strow, (uint32_t)swa_cols, sbs.shift, sbs.mask,
+                                    (uint32_t)sspan);
+                j = nswa;
+            } else if (strow == nullptr) {
+                fill_m1(dst, nswa);
+                j = nswa;
+            }
             for (; j < nswa; ++j) {
                 const int32_t q = wadd(swa_start, (int32_t)j);
                 dst[j] = remap(table_slot(strow, swa_s1, (uint32_t)swa_cols, q, sbs), sbs, sspan);
             }
-            for (; j < W_swa; ++j) dst[j] = -1;
+            fill_m1(dst + j, W_swa - j);
             // compressed columns
             const int32_t* ctrow = (req >= 0 && req < comp_rows) ? comp_table + (int64_t)req * comp_s0 : nullptr;
             const int64_t nc = std::min<int64_t>(std::min<int64_t>(std::max<int32_t>(k_len, 0), K_pre), PT);
             const int32_t* x = pti + p * pti_s0;
-            for (j = 0; j < nc; ++j) cdst[j] = remap(table_slot(ctrow, comp_s1, (uint32_t)comp_cols, x[j], cbs), cbs, cspan);
-            for (; j < PT; ++j) cdst[j] = -1;
+            j = 0;
+            if (fast_comp && ctrow != nullptr) {
+                slot_remap_row_pow2(x, 0, cdst, nc, ctrow, (uint32_t)comp_cols, cbs.shift, cbs.mask, (uint32_t)cspan);
+                j = nc;
+            } else if (ctrow == nullptr) {
+                fill_m1(cdst, nc);
+                j = nc;
+            }
+            for (; j < nc; ++j) cdst[j] = remap(table_slot(ctrow, comp_s1, (uint32_t)comp_cols, x[j], cbs), cbs, cspan);
+            fill_m1(cdst + j, PT - j);
             lens[n * lens_s0] = wadd(wswa, k_len);
         }
     }

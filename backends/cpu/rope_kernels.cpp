@@ -759,6 +759,83 @@ void dsv41_fused_inv_rope_fp8_quant(
 }
 RK_WIDE_END
 
+
+#if DSV41_CPU_AVX512
+namespace {
+// Sum of squares of n (a multiple of 16) bf16 values in double: squares exact, 32 partial sums
+// (lane l of accumulator a holds the elements i with i % 32 == 8a + l), combined pairwise.
+// Only the float64 summation order differs from the scalar path / torch; the result is rounded
+// once to fp32 afterwards, so it can only matter within ~2^-45 (relative) of an fp32 rounding
+// boundary (0 byte differences on the test suites).
+inline double sum_sq_bf16_v(const uint16_t* __restrict src, int64_t n) {
+    __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd(), a2 = _mm512_setzero_pd(), a3 = _mm512_setzero_pd();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const __m512 x0 = v16_bf16_load(src + i), x1 = v16_bf16_load(src + i + 16);
+        const __m512d d0 = _mm512_cvtps_pd(_mm512_castps512_ps256(x0));
+        const __m512d d1 = _mm512_cvtps_pd(_mm512_extractf32x8_ps(x0, 1));
+        const __m512d d2 = _mm512_cvtps_pd(_mm512_castps512_ps256(x1));
+        const __m512d d3 = _mm512_cvtps_pd(_mm512_extractf32x8_ps(x1, 1));
+        a0 = _mm512_add_pd(a0, _mm512_mul_pd(d0, d0));
+        a1 = _mm512_add_pd(a1, _mm512_mul_pd(d1, d1));
+        a2 = _mm512_add_pd(a2, _mm512_mul_pd(d2, d2));
+        a3 = _mm512_add_pd(a3, _mm512_mul_pd(d3, d3));
+    }
+    if (i < n) {  // one 16-element tail
+        const __m512 x0 = v16_bf16_load(src + i);
+        const __m512d d0 = _mm512_cvtps_pd(_mm512_castps512_ps256(x0));
+        const __m512d d1 = _mm512_cvtps_pd(_mm512_extractf32x8_ps(x0, 1));
+        a0 = _mm512_add_pd(a0, _mm512_mul_pd(d0, d0));
+        a1 = _mm512_add_pd(a1, _mm512_mul_pd(d1, d1));
+    }
+    const __m512d s = _mm512_add_pd(_mm512_add_pd(a0, a2), _mm512_add_pd(a1, a3));
+    alignas(64) double t[8];
+    _mm512_store_pd(t, s);
+    return ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
+}
+
+// One row of R §5 (Qs % 32 == 0, Ks % 16 == 0): bit-identical to the scalar loop below except
+// for the float64 summation order of the sums of squares (see sum_sq_bf16_v).
+inline void qkv_row_avx512(const uint16_t* __restrict qsrc, int64_t Qs, const uint16_t* __restrict ksrc, int64_t Ks,
+                           const float* __restrict WQ, const float* __restrict WK, float eps,
+                           uint8_t* __restrict qdst, uint8_t* __restrict sbase, int64_t Gp,
+                           uint16_t* __restrict kdst) {
+    {
+        const float ms = (float)(sum_sq_bf16_v(ksrc, Ks) / (double)Ks) + eps;
+        const __m512 rr = _mm512_set1_ps((float)(1.0 / std::sqrt((double)ms)));
+        for (int64_t i = 0; i < Ks; i += 16) {
+            const __m512 y = _mm512_mul_ps(_mm512_mul_ps(v16_bf16_load(ksrc + i), rr), _mm512_loadu_ps(WK + i));
+            _mm256_storeu_si256((__m256i*)(kdst + i), v16_bf16_canon(y));
+        }
+    }
+    const float ms = (float)(sum_sq_bf16_v(qsrc, Qs) / (double)Qs) + eps;
+    const __m512 rr = _mm512_set1_ps((float)(1.0 / std::sqrt((double)ms)));
+    const int64_t Gq = Qs / 32;
+    for (int64_t j = 0; j < Gq; ++j) {
+        const int64_t i = 32 * j;
+        const __m512 y0 = v16_bf16_round(
+            _mm512_mul_ps(_mm512_mul_ps(v16_bf16_load(qsrc + i), rr), _mm512_loadu_ps(WQ + i)), 0xFFFFu);
+        const __m512 y1 = v16_bf16_round(
+            _mm512_mul_ps(_mm512_mul_ps(v16_bf16_load(qsrc + i + 16), rr), _mm512_loadu_ps(WQ + i + 16)), 0xFFFFu);
+        const uint32_t am = _mm512_reduce_max_epu32(_mm512_max_epu32(v16_abs_bits_nonan(y0), v16_abs_bits_nonan(y1)));
+        const float n = from_bits(am) * INV_448;
+        const uint32_t nb = bits(n);
+        const uint32_t e = (nb >> 23) & 0xFFu, m = nb & 0x7FFFFFu;
+        const bool bump = m != 0 && !(e == 0 && m <= 0x400000u);
+        uint32_t sf = std::min<uint32_t>(e + (bump ? 1u : 0u), 254u);
+        sf = n <= 0.0f ? 0u : sf;
+        const __m512 inv = _mm512_set1_ps(sf == 0 ? 0.0f : from_bits((254u - sf) << 23));
+        const __m128i c0 = v16_e4m3_encode<false>(_mm512_mul_ps(y0, inv), 0x43E00000u, 0x7Fu);
+        const __m128i c1 = v16_e4m3_encode<false>(_mm512_mul_ps(y1, inv), 0x43E00000u, 0x7Fu);
+        _mm_storeu_si128((__m128i*)(qdst + i), c0);
+        _mm_storeu_si128((__m128i*)(qdst + i + 16), c1);
+        sbase[(j / 4) * 512 + (j % 4)] = (uint8_t)sf;
+    }
+    for (int64_t j = Gq; j < Gp; ++j) sbase[(j / 4) * 512 + (j % 4)] = 0;
+}
+}  // namespace
+#endif
+
 // ======================================================================= R §5
 void dsv41_fused_q_kv_rmsnorm_quant(
     const uint16_t* qr, int64_t T, int64_t Qs, int64_t qr_s0,
@@ -776,6 +853,9 @@ void dsv41_fused_q_kv_rmsnorm_quant(
     const float* WQ = wq.data();
     const float* WK = wk.data();
     const bool par = Tp * (Qs + Ks) * 2 >= kParallelMinBytes && Tp > 1;
+#if DSV41_CPU_AVX512
+    const bool vec = Qs % 32 == 0 && Ks % 16 == 0;
+#endif
 
 #pragma omp parallel if (par)
     {
@@ -788,6 +868,13 @@ void dsv41_fused_q_kv_rmsnorm_quant(
                 for (int64_t j = 0; j < Gp; ++j) sbase[(j / 4) * 512 + (j % 4)] = 0;
                 continue;
             }
+#if DSV41_CPU_AVX512
+            if (vec) {
+                qkv_row_avx512(qr + r * qr_s0, Qs, kv + r * kv_s0, Ks, WQ, WK, eps, q_out + r * qo_s0, sbase, Gp,
+                               kv_out + r * kvo_s0);
+                continue;
+            }
+#endif
             // KV row: RMSNorm, stored as bf16 (canonical NaN)
             {
                 const uint16_t* src = kv + r * kv_s0;
