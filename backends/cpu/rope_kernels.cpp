@@ -776,17 +776,17 @@ inline double sum_sq_bf16_v(const uint16_t* __restrict src, int64_t n) {
         const __m512d d1 = _mm512_cvtps_pd(_mm512_extractf32x8_ps(x0, 1));
         const __m512d d2 = _mm512_cvtps_pd(_mm512_castps512_ps256(x1));
         const __m512d d3 = _mm512_cvtps_pd(_mm512_extractf32x8_ps(x1, 1));
-        a0 = _mm512_add_pd(a0, _mm512_mul_pd(d0, d0));
-        a1 = _mm512_add_pd(a1, _mm512_mul_pd(d1, d1));
-        a2 = _mm512_add_pd(a2, _mm512_mul_pd(d2, d2));
-        a3 = _mm512_add_pd(a3, _mm512_mul_pd(d3, d3));
+        a0 = _mm512_fmadd_pd(d0, d0, a0);  // d*d exact: fma == add(mul)
+        a1 = _mm512_fmadd_pd(d1, d1, a1);  // d*d exact: fma == add(mul)
+        a2 = _mm512_fmadd_pd(d2, d2, a2);  // d*d exact: fma == add(mul)
+        a3 = _mm512_fmadd_pd(d3, d3, a3);  // d*d exact: fma == add(mul)
     }
     if (i < n) {  // one 16-element tail
         const __m512 x0 = v16_bf16_load(src + i);
         const __m512d d0 = _mm512_cvtps_pd(_mm512_castps512_ps256(x0));
         const __m512d d1 = _mm512_cvtps_pd(_mm512_extractf32x8_ps(x0, 1));
-        a0 = _mm512_add_pd(a0, _mm512_mul_pd(d0, d0));
-        a1 = _mm512_add_pd(a1, _mm512_mul_pd(d1, d1));
+        a0 = _mm512_fmadd_pd(d0, d0, a0);  // d*d exact: fma == add(mul)
+        a1 = _mm512_fmadd_pd(d1, d1, a1);  // d*d exact: fma == add(mul)
     }
     const __m512d s = _mm512_add_pd(_mm512_add_pd(a0, a2), _mm512_add_pd(a1, a3));
     alignas(64) double t[8];
@@ -799,19 +799,90 @@ inline double sum_sq_bf16_v(const uint16_t* __restrict src, int64_t n) {
 inline void qkv_row_avx512(const uint16_t* __restrict qsrc, int64_t Qs, const uint16_t* __restrict ksrc, int64_t Ks,
                            const float* __restrict WQ, const float* __restrict WK, float eps,
                            uint8_t* __restrict qdst, uint8_t* __restrict sbase, int64_t Gp,
-                           uint16_t* __restrict kdst) {
+                           uint16_t* __restrict kdst, bool nt) {
+    // nt: large output, stream the 64-byte-aligned code/KV stores past the cache (no RFO)
+    const bool ntq = nt && ((uintptr_t)qdst & 63) == 0;
+    const bool ntk = nt && ((uintptr_t)kdst & 31) == 0;
     {
         const float ms = (float)(sum_sq_bf16_v(ksrc, Ks) / (double)Ks) + eps;
         const __m512 rr = _mm512_set1_ps((float)(1.0 / std::sqrt((double)ms)));
         for (int64_t i = 0; i < Ks; i += 16) {
             const __m512 y = _mm512_mul_ps(_mm512_mul_ps(v16_bf16_load(ksrc + i), rr), _mm512_loadu_ps(WK + i));
-            _mm256_storeu_si256((__m256i*)(kdst + i), v16_bf16_canon(y));
+            if (ntk)
+                _mm256_stream_si256((__m256i*)(kdst + i), v16_bf16_canon(y));
+            else
+                _mm256_storeu_si256((__m256i*)(kdst + i), v16_bf16_canon(y));
         }
     }
     const float ms = (float)(sum_sq_bf16_v(qsrc, Qs) / (double)Qs) + eps;
     const __m512 rr = _mm512_set1_ps((float)(1.0 / std::sqrt((double)ms)));
     const int64_t Gq = Qs / 32;
-    for (int64_t j = 0; j < Gq; ++j) {
+    int64_t j0 = 0;
+    {
+        // blocks of 16 groups: amax of the 16 groups through one 16x16 horizontal max, the
+        // UE8M0 rule vectorized over the groups (n >= 0 always: n <= 0 <=> bits 0 <=> sf 0)
+        alignas(64) float yb[16 * 32];
+        alignas(64) float invb[16];
+        alignas(64) uint32_t sfb[16];
+        const __m512 c448 = _mm512_set1_ps(INV_448);
+        for (; j0 + 16 <= Gq; j0 += 16) {
+            __m512i am[16];
+            for (int g = 0; g < 16; ++g) {
+                const int64_t i = 32 * (j0 + g);
+                // v16_bf16_round(.., 0xFFFF) and v16_abs_bits_nonan sharing one NaN mask
+                const __m512 p0 = _mm512_mul_ps(_mm512_mul_ps(v16_bf16_load(qsrc + i), rr), _mm512_loadu_ps(WQ + i));
+                const __m512 p1 =
+                    _mm512_mul_ps(_mm512_mul_ps(v16_bf16_load(qsrc + i + 16), rr), _mm512_loadu_ps(WQ + i + 16));
+                const __mmask16 n0 = _mm512_cmp_ps_mask(p0, p0, _CMP_UNORD_Q);
+                const __mmask16 n1 = _mm512_cmp_ps_mask(p1, p1, _CMP_UNORD_Q);
+                const __m512i b0 = _mm512_castps_si512(p0), b1 = _mm512_castps_si512(p1);
+                const __m512i r0 = _mm512_and_si512(
+                    _mm512_add_epi32(_mm512_add_epi32(b0, v16_u32(0x7FFF)),
+                                     _mm512_and_si512(_mm512_srli_epi32(b0, 16), v16_u32(1))),
+                    v16_u32(0xFFFF0000u));
+                const __m512i r1 = _mm512_and_si512(
+                    _mm512_add_epi32(_mm512_add_epi32(b1, v16_u32(0x7FFF)),
+                                     _mm512_and_si512(_mm512_srli_epi32(b1, 16), v16_u32(1))),
+                    v16_u32(0xFFFF0000u));
+                _mm512_store_si512((__m512i*)(yb + 32 * g), _mm512_mask_mov_epi32(r0, n0, v16_u32(0xFFFF0000u)));
+                _mm512_store_si512((__m512i*)(yb + 32 * g + 16), _mm512_mask_mov_epi32(r1, n1, v16_u32(0xFFFF0000u)));
+                am[g] = _mm512_max_epu32(_mm512_maskz_and_epi32((__mmask16)~n0, r0, v16_u32(0x7FFFFFFFu)),
+                                         _mm512_maskz_and_epi32((__mmask16)~n1, r1, v16_u32(0x7FFFFFFFu)));
+            }
+            const __m512i amx = v16_hmax16x16_epu32(am);
+            const __m512i nb = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(amx), c448));
+            const __m512i e = _mm512_and_si512(_mm512_srli_epi32(nb, 23), v16_u32(0xFFu));
+            const __m512i m = _mm512_and_si512(nb, v16_u32(0x7FFFFFu));
+            const __mmask16 mnz = _mm512_test_epi32_mask(m, m);
+            const __mmask16 small =
+                _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()) & _mm512_cmple_epu32_mask(m, v16_u32(0x400000u));
+            const __mmask16 bump = mnz & (__mmask16)~small;
+            __m512i sf = _mm512_mask_add_epi32(e, bump, e, v16_u32(1u));
+            sf = _mm512_min_epu32(sf, v16_u32(254u));
+            const __m512i ib = _mm512_slli_epi32(_mm512_sub_epi32(v16_u32(254u), sf), 23);
+            const __m512i inv = _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(sf, sf), ib);
+            _mm512_store_si512((__m512i*)invb, inv);
+            _mm512_store_si512((__m512i*)sfb, sf);
+            for (int g = 0; g < 16; g += 2) {
+                const __m512 iv0 = _mm512_set1_ps(invb[g]), iv1 = _mm512_set1_ps(invb[g + 1]);
+                const float* yg = yb + 32 * g;
+                const __m512i d0 = v16_e4m3_encode_dw<false>(_mm512_mul_ps(_mm512_load_ps(yg), iv0), 0x43E00000u, 0x7Fu);
+                const __m512i d1 = v16_e4m3_encode_dw<false>(_mm512_mul_ps(_mm512_load_ps(yg + 16), iv0), 0x43E00000u, 0x7Fu);
+                const __m512i d2 = v16_e4m3_encode_dw<false>(_mm512_mul_ps(_mm512_load_ps(yg + 32), iv1), 0x43E00000u, 0x7Fu);
+                const __m512i d3 = v16_e4m3_encode_dw<false>(_mm512_mul_ps(_mm512_load_ps(yg + 48), iv1), 0x43E00000u, 0x7Fu);
+                const __m512i pk = v16_pack4_u8(d0, d1, d2, d3);
+                if (ntq)
+                    _mm512_stream_si512((__m512i*)(qdst + 32 * (j0 + g)), pk);
+                else
+                    _mm512_storeu_si512((__m512i*)(qdst + 32 * (j0 + g)), pk);
+            }
+            for (int g = 0; g < 16; ++g) {
+                const int64_t j = j0 + g;
+                sbase[(j / 4) * 512 + (j % 4)] = (uint8_t)sfb[g];
+            }
+        }
+    }
+    for (int64_t j = j0; j < Gq; ++j) {
         const int64_t i = 32 * j;
         const __m512 y0 = v16_bf16_round(
             _mm512_mul_ps(_mm512_mul_ps(v16_bf16_load(qsrc + i), rr), _mm512_loadu_ps(WQ + i)), 0xFFFFu);
@@ -855,6 +926,8 @@ void dsv41_fused_q_kv_rmsnorm_quant(
     const bool par = Tp * (Qs + Ks) * 2 >= kParallelMinBytes && Tp > 1;
 #if DSV41_CPU_AVX512
     const bool vec = Qs % 32 == 0 && Ks % 16 == 0;
+    const bool nt = T * (Qs + 2 * Ks) >= (int64_t)(32 << 20);  // outputs well past the caches
+    constexpr int64_t kPfRows = 2;
 #endif
 
 #pragma omp parallel if (par)
@@ -870,8 +943,14 @@ void dsv41_fused_q_kv_rmsnorm_quant(
             }
 #if DSV41_CPU_AVX512
             if (vec) {
+                if (r + kPfRows < T) {  // software prefetch a few rows ahead (latency-bound first pass)
+                    const char* pq = (const char*)(qr + (r + kPfRows) * qr_s0);
+                    const char* pk = (const char*)(kv + (r + kPfRows) * kv_s0);
+                    for (int64_t b = 0; b < 2 * Qs; b += 64) _mm_prefetch(pq + b, _MM_HINT_T0);
+                    for (int64_t b = 0; b < 2 * Ks; b += 64) _mm_prefetch(pk + b, _MM_HINT_T0);
+                }
                 qkv_row_avx512(qr + r * qr_s0, Qs, kv + r * kv_s0, Ks, WQ, WK, eps, q_out + r * qo_s0, sbase, Gp,
-                               kv_out + r * kvo_s0);
+                               kv_out + r * kvo_s0, nt);
                 continue;
             }
 #endif
@@ -910,6 +989,9 @@ void dsv41_fused_q_kv_rmsnorm_quant(
                 }
             }
         }
+#if DSV41_CPU_AVX512
+        if (vec && nt) _mm_sfence();  // order this thread's streaming stores before the join
+#endif
     }
 }
 
