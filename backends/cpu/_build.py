@@ -63,6 +63,19 @@ def load(name: str, sources: list[str]) -> ctypes.CDLL:
         return lib
 
 
+def load_typed(name: str, sources: list[str], signatures: dict) -> ctypes.CDLL:
+    """``load`` plus ctypes argument types (``{function: [argtypes]}``, every function returns int)."""
+    lib = load(name, sources)
+    with _lock:
+        if not getattr(lib, "_dsv41_typed", False):
+            for fn_name, argtypes in signatures.items():
+                fn = getattr(lib, fn_name)
+                fn.argtypes = argtypes
+                fn.restype = ctypes.c_int
+            lib._dsv41_typed = True
+    return lib
+
+
 def build_error(name: str, sources: list[str]) -> str | None:
     """None if the library builds and loads, else the reason (used by the capability sheet)."""
     try:

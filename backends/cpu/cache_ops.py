@@ -17,11 +17,10 @@ Ops: ``quantize_and_insert_k_cache``, ``dequantize_and_gather_k_cache``,
 from __future__ import annotations
 
 import ctypes
-import threading
 
 import torch
 
-from ._build import load
+from ._build import load_typed
 
 __all__ = [
     "quantize_and_insert_k_cache",
@@ -61,23 +60,9 @@ _SIGNATURES = {
     "dsv41_cache_kernels_simd": [],
 }
 
-_lock = threading.Lock()
-_lib = None
-
-
 def library() -> ctypes.CDLL:
     """The compiled library with argument types set (built on first use, then cached)."""
-    global _lib
-    if _lib is None:
-        with _lock:
-            if _lib is None:
-                lib = load(LIB_NAME, SOURCES)
-                for name, argtypes in _SIGNATURES.items():
-                    fn = getattr(lib, name)
-                    fn.argtypes = argtypes
-                    fn.restype = ctypes.c_int
-                _lib = lib
-    return _lib
+    return load_typed(LIB_NAME, SOURCES, _SIGNATURES)
 
 
 def build_error() -> str | None:

@@ -10,12 +10,11 @@ is never touched; only ``block_ids`` is converted to contiguous int64 when it is
 from __future__ import annotations
 
 import ctypes
-import threading
 
 import torch
 
 from ._build import build_error as _build_error
-from ._build import load
+from ._build import load_typed
 
 __all__ = ["transcode_k_cache", "build_error", "library"]
 
@@ -26,22 +25,12 @@ _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _I32 = ctypes.c_int32
 
-_lock = threading.Lock()
-_lib = None
+_SIGNATURES = {"dsv41_transcode_k_cache": [_P, _I64, _P, _I64, _P, _I64, _I64, _I64, _I32, _I32, _I32, _I32]}
 
 
 def library() -> ctypes.CDLL:
     """The compiled library with its argument types set (built on first use, then cached)."""
-    global _lib
-    if _lib is None:
-        with _lock:
-            if _lib is None:
-                lib = load(LIB_NAME, SOURCES)
-                fn = lib.dsv41_transcode_k_cache
-                fn.argtypes = [_P, _I64, _P, _I64, _P, _I64, _I64, _I64, _I32, _I32, _I32, _I32]
-                fn.restype = ctypes.c_int
-                _lib = lib
-    return _lib
+    return load_typed(LIB_NAME, SOURCES, _SIGNATURES)
 
 
 def build_error() -> str | None:
