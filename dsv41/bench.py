@@ -53,6 +53,7 @@ REFERENCE_LIMIT_S = 20.0  # skip the reference where one call would take longer 
 CPU_REFERENCE_ALWAYS = 16384  # ... except on CPU at or below this many tokens
 GRAPH_CALLS = 16  # kernel calls captured per CUDA graph
 WARMUP_CALLS, WARMUP_S = 3, 0.1  # warm-up: at least this many calls and this long
+SPIN_UP_S, SPIN_S = 3.0, 0.2  # accelerator load before the run / before each size (_Timer.spin)
 MAX_POS = 65536  # rows of the cos/sin caches (positions wrap below it)
 
 I32, I64, U8, BF16, F32 = torch.int32, torch.int64, torch.uint8, torch.bfloat16, torch.float32
@@ -292,6 +293,27 @@ def _build_save_compress(gen: _Gen, t: int, plat) -> Case:
     return Case((kv, positions, None, slots, None, None, weight, 1e-6, 1, latent), nbytes)
 
 
+def _build_save_compress_cr2(gen: _Gen, t: int, plat) -> Case:
+    """CR 2 prefill: consecutive positions per request (odd starts pool with the ring row)."""
+    reqs, qlens, qsl, _, _, t2r = _prefill_batch(gen, t)
+    cap = 4  # ring rows per request
+    starts = [PREFIX + 1 + 2 * r for r in range(reqs)]  # odd first position: reads the ring
+    positions = torch.cat([torch.arange(s, s + q, dtype=I64, device=gen.device)
+                           for s, q in zip(starts, qlens)])
+    ring_block = gen.randperm(reqs)
+    slots = ring_block[t2r.long()] * cap + positions % cap
+    kv = gen.randn(t, 1024)
+    state = gen.randn(reqs, cap, 1024)
+    weight = gen.randn(512, dtype=BF16)
+    latent = gen.empty(t, 512, dtype=BF16)
+    closing = t // 2
+    # rows + positions, slots, token->request; closing rows out; one ring row read per
+    # request (odd start); the last min(q, cap) rows of each request saved to the ring
+    nbytes = (t * 1024 * 4 + t * 8 * 2 + t * 4 + 512 * 2 + closing * 512 * 2
+              + reqs * 1024 * 4 + sum(min(cap, q) for q in qlens) * 1024 * 4)
+    return Case((kv, positions, state, slots, qsl, t2r, weight, 1e-6, 2, latent), nbytes)
+
+
 def _build_rope_quant_insert(gen: _Gen, t: int, variant: str, plat) -> Case:
     latent = gen.randn(t, 512, dtype=BF16)
     positions = _positions(gen, t)
@@ -320,6 +342,19 @@ def _build_indexer_k(gen: _Gen, t: int, plat) -> Case:
 
 
 INDEXER_HEADS, INDEXER_DIM = 64, 128
+
+
+def _build_indexer_q_mxfp4(gen: _Gen, t: int, plat) -> Case:
+    h, d = INDEXER_HEADS, INDEXER_DIM
+    positions = _positions(gen, t)
+    q = gen.randn(t, h, d, dtype=BF16)
+    cos_sin = _cos_sin(gen)
+    weights = gen.randn(t, h, dtype=BF16)
+    q_out = gen.empty(t, h, d // 2, dtype=U8)
+    scale_out = gen.empty(t, h, d // 32, dtype=U8)
+    w_out = gen.empty(t, h, dtype=BF16)
+    nbytes = t * 8 + t * 64 * 4 + t * h * d * 2 + t * h * 2 + t * h * (d // 2 + d // 32) + t * h * 2
+    return Case((positions, q, cos_sin, weights, d ** -0.5, h ** -0.5, True, False, q_out, scale_out, w_out), nbytes)
 
 
 def _build_indexer_q(gen: _Gen, t: int, plat) -> Case:
@@ -403,11 +438,14 @@ VARIANTS = (
     Variant("combine_topk_swa_indices", None, _build_combine),
     Variant("build_flashinfer_mixed_sparse_indices", None, _build_flashinfer),
     Variant("fused_save_compress_norm", "CR1", _build_save_compress),
+    Variant("fused_save_compress_norm", "CR2", _build_save_compress_cr2),
     Variant("rope_quant_insert", "584", _with(_build_rope_quant_insert, "584")),
     Variant("rope_quant_insert", "528", _with(_build_rope_quant_insert, "528")),
+    Variant("rope_quant_insert", "288", _with(_build_rope_quant_insert, "288")),
     Variant("rope_quant_insert", "bf16", _with(_build_rope_quant_insert, "bf16")),
     Variant("indexer_k_norm_rope_store", "FP8", _build_indexer_k),
     Variant("fused_indexer_q_rope_quant", "FP8", _build_indexer_q),
+    Variant("fused_indexer_q_rope_quant", "MXFP4", _build_indexer_q_mxfp4),
     Variant("fused_inv_rope_fp8_quant", None, _build_inv_rope),
     Variant("fused_q_kv_rmsnorm_quant", None, _build_q_kv_rmsnorm),
     Variant("pad_fused_q_heads", None, _build_pad_q),
@@ -435,6 +473,21 @@ class _Timer:
     def sync(self):
         if self.accel:
             self.mod.synchronize(self.device)
+
+    def spin(self, seconds: float) -> None:
+        """Keep an accelerator busy (bf16 matmuls) for about ``seconds``, so the timings that
+        follow run at its loaded clocks.  An idle GPU sits at a low SM clock (the H200 was
+        seen at 345 MHz) and ramps up under load; without this, the first measurements of a
+        compute-heavy kernel come out slow while the copy it is compared with (bound by
+        memory, not SM clock) does not."""
+        if not self.accel:
+            return
+        a = torch.ones(2048, 2048, dtype=BF16, device=self.device)
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            for _ in range(8):
+                a = torch.mm(a, a).clamp_(-1, 1)
+            self.sync()
 
     def _count(self, est: float, repeats: int) -> int:
         floor = 1 if est > 2.0 else 3
@@ -747,6 +800,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     repeats = args.repeats if args.repeats is not None else (50 if accel else 10)
     timer = _Timer(device, repeats, args.budget)
+    timer.spin(SPIN_UP_S)
     use_graph = dev_type == "cuda" and not args.no_graph
     wanted = set(args.backend) if args.backend else None
     device_label = _device_label(plat, device)
@@ -779,6 +833,7 @@ def main(argv: list[str] | None = None) -> int:
     for v, shown, ref in plan:
         last_ref = None  # (tokens, seconds) of the last reference run of this variant
         for t in tokens:
+            timer.spin(SPIN_S)
             try:
                 case = v.build(_Gen(device, _seed(args.seed, v, t)), t, plat)
                 timer.sync()

@@ -328,7 +328,7 @@ def _rope_insert(kind, cr, sanitize=False, nonfinite=False, cs_dtype=F32, seed=7
     return build
 
 
-def _indexer_k(fp4, tiled, cr, n_per_tile=0, seed=8):
+def _indexer_k(fp4, tiled, cr, n_per_tile=0, seed=8, eps=1e-6):
     def build(device):
         n, bs, nb = 20, 64, 4
         k = edge_rows(n + 3, 128, seed).to(BF16)
@@ -339,7 +339,7 @@ def _indexer_k(fp4, tiled, cr, n_per_tile=0, seed=8):
         width = 68 if fp4 else 132
         cache = _paged(nb, bs, width, 64)
         slots = _slots(n, nb, bs, seed, holes=(-1,))
-        return _on(device, [k, pos, cs, w, 1e-6, cache, slots, cr, fp4, n_per_tile, tiled])
+        return _on(device, [k, pos, cs, w, eps, cache, slots, cr, fp4, n_per_tile, tiled])
 
     return build
 
@@ -454,6 +454,8 @@ def _all_cases() -> list[Case]:
                 A(Case("indexer_k_norm_rope_store", f"{'mxfp4' if fp4 else 'fp8'}-{'tiled' if tiled else 'rows'}-cr{cr}",
                        _indexer_k(fp4, tiled, cr, n_per_tile=16 if fp4 and tiled else 0), (5,)))
     A(Case("indexer_k_norm_rope_store", "mxfp4-tiled-n64", _indexer_k(True, True, 1, n_per_tile=64), (5,)))
+    for fp4 in (False, True):  # eps 0: an all-zero key normalizes to 0 * inf = NaN (+NaN as on GPUs)
+        A(Case("indexer_k_norm_rope_store", f"{'mxfp4' if fp4 else 'fp8'}-rows-eps0", _indexer_k(fp4, False, 1, eps=0.0), (5,)))
     A(Case("fused_indexer_q_rope_quant", "fp8-ocp", _indexer_q(False), (8, 10)))
     A(Case("fused_indexer_q_rope_quant", "fp8-fnuz", _indexer_q(False, fnuz=True), (8, 10)))
     A(Case("fused_indexer_q_rope_quant", "fp8-bf16-cos-sin", _indexer_q(False, cs_dtype=BF16), (8, 10)))

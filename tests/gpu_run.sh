@@ -1,11 +1,24 @@
 #!/usr/bin/env bash
-# The GPU host job (docs/gpu.md): conformance + golden + CUDA graphs + torch.compile on CUDA,
-# `check --device cuda`, and the benchmark.  Results go to $OUT (default ./gpu-out).
+# The GPU host job (docs/gpu.md).  Results go to $OUT (default ./gpu-out).
+#
+#   STEPS   which steps, in order (default: "tests check bench sanitize"):
+#     tests     conformance matrix, golden vectors, CUDA graphs, torch.compile, interchange
+#               and the hypothesis profile for every CUDA implementation (cuda:triton,
+#               cuda:cutedsl, and the rocm / xpu Triton kernels run natively: rocm@cuda,
+#               xpu@cuda)
+#     check     python -m dsv41 check --device cuda --all
+#     bench     python -m dsv41 bench --device cuda (BENCH_ARGS adds arguments)
+#     sweep     launch-shape sweep of the Triton kernels (python -m dsv41.backends.triton.sweep)
+#     sanitize  compute-sanitizer memcheck and racecheck over the conformance and fuzz inputs
+#   STEP_LIMIT  seconds per step before it is stopped (default 540)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
+STEPS=${STEPS:-"tests check bench sanitize"}
+LIMIT=${STEP_LIMIT:-540}
 export DSV41_CACHE_DIR=${DSV41_CACHE_DIR:-/tmp/dsv41-cache}
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/dsv41-triton-cache}
 if [[ -f .device/vllm-sm90.tar.xz ]]; then export DSV41_VECTORS=$PWD/.device/vllm-sm90.tar.xz; fi
 if ! python -m pip install -q --no-deps --no-build-isolation . > "$OUT/install.txt" 2>&1; then
   # no usable setuptools there: lay the package out as an install would
@@ -14,12 +27,46 @@ if ! python -m pip install -q --no-deps --no-build-isolation . > "$OUT/install.t
   echo "pip install failed; using PYTHONPATH=/tmp/dsv41-src" >> "$OUT/install.txt"
 fi
 # python -P: import the installed package, not the checkout (backends/ installs as dsv41.backends)
-python -P -m dsv41 info --json > "$OUT/info.json" 2> "$OUT/info.err"
-python -P -m pytest -q -p no:cacheprovider -m "not slow" tests/test_conformance.py tests/test_golden.py tests/test_gpu.py \
-  ${GPU_PYTEST_ARGS:-} > "$OUT/pytest.txt" 2>&1; echo "pytest rc=$?" >> "$OUT/pytest.txt"
-python -P -m dsv41 check --device cuda --all > "$OUT/check.txt" 2>&1; echo "check rc=$?" >> "$OUT/check.txt"
-if [[ -z "${SKIP_BENCH:-}" ]]; then
-  python -P -m dsv41 bench --device cuda ${BENCH_ARGS:-} --json "$OUT/bench.json" --plot "$OUT/bench.png" > "$OUT/bench.txt" 2> "$OUT/bench.err"
-  echo "bench rc=$?" >> "$OUT/bench.txt"
-fi
-tail -3 "$OUT/pytest.txt"; tail -2 "$OUT/check.txt"; tail -40 "$OUT/bench.txt" 2>/dev/null
+PY="python -P"
+T0=$SECONDS
+stamp() { echo "[$((SECONDS - T0)) s] $*" | tee -a "$OUT/steps.txt"; }
+$PY -m dsv41 info --json > "$OUT/info.json" 2> "$OUT/info.err"
+for step in $STEPS; do
+  stamp "start $step"
+  case $step in
+    tests)
+      timeout "$LIMIT" $PY -m pytest -q -p no:cacheprovider -m "not slow" \
+        tests/test_conformance.py tests/test_golden.py tests/test_gpu.py tests/test_interchange.py \
+        tests/test_transcode.py tests/test_launch_shapes.py ${GPU_PYTEST_ARGS:-} > "$OUT/pytest.txt" 2>&1
+      echo "pytest rc=$?" >> "$OUT/pytest.txt"
+      timeout "$LIMIT" $PY -m pytest -q -p no:cacheprovider tests/test_fuzz.py -k "impl_matches and cuda" \
+        > "$OUT/fuzz.txt" 2>&1
+      echo "fuzz rc=$?" >> "$OUT/fuzz.txt"
+      tail -n 3 "$OUT/pytest.txt"; tail -n 3 "$OUT/fuzz.txt" ;;
+    check)
+      timeout "$LIMIT" $PY -m dsv41 check --device cuda --all > "$OUT/check.txt" 2>&1
+      echo "check rc=$?" >> "$OUT/check.txt"; tail -2 "$OUT/check.txt" ;;
+    bench)
+      nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >> "$OUT/clocks.txt" 2>&1
+      timeout "$LIMIT" $PY -m dsv41 bench --device cuda ${BENCH_ARGS:-} --json "$OUT/bench.json" \
+        > "$OUT/bench.txt" 2> "$OUT/bench.err"
+      echo "bench rc=$?" >> "$OUT/bench.txt"; tail -50 "$OUT/bench.txt" ;;
+    sweep)
+      timeout "$LIMIT" $PY -m dsv41.backends.triton.sweep --out "$OUT" ${SWEEP_ARGS:-} \
+        > "$OUT/sweep.out" 2>&1
+      echo "sweep rc=$?" >> "$OUT/sweep.out"; tail -25 "$OUT/sweep.out" ;;
+    sanitize)
+      # Triton's and CuTe's kernels only (the C++ CPU backend and the reference run on the host)
+      # (memcheck: conformance + fuzz inputs; racecheck, much slower: conformance inputs)
+      for tool in memcheck racecheck; do
+        files="tests/test_conformance.py tests/test_fuzz.py"
+        [[ $tool == racecheck ]] && files=${RACECHECK_FILES:-tests/test_conformance.py}
+        timeout "$LIMIT" compute-sanitizer --tool $tool --print-limit 50 --error-exitcode 99 \
+          $PY -m pytest -q -p no:cacheprovider $files \
+          -k "${SANITIZE_K:-cuda and not reference_self_check}" ${SANITIZE_ARGS:-} > "$OUT/$tool.txt" 2>&1
+        echo "$tool rc=$?" >> "$OUT/$tool.txt"; tail -4 "$OUT/$tool.txt"
+      done ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
+stamp "done"

@@ -16,6 +16,7 @@ import torch
 
 from dsv41 import platform, registry
 from dsv41.backends import ALL_BACKENDS
+from dsv41.backends.triton import conversions
 
 
 @dataclasses.dataclass
@@ -25,9 +26,18 @@ class Impl:
     device: str | None  # None: cannot run here
     why: str = ""
     interpreted: bool = False
+    portable: bool = False  # Triton source run natively with its non-NVIDIA conversion path
 
     def kernel(self, op):
-        return self.backend.load(op)
+        fn = self.backend.load(op)
+        if not self.portable:
+            return fn
+
+        def run(*args):
+            with conversions.portable():
+                return fn(*args)
+
+        return run
 
     def skip_reason(self, op) -> str | None:
         if op not in self.backend.kernels:
@@ -41,7 +51,13 @@ def interpreter_on() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def nvidia_gpu() -> bool:
+    return torch.cuda.is_available() and torch.version.hip is None
+
+
 def implementations(include_reference: bool = False) -> list[Impl]:
+    """One entry per backend; Triton-source backends of other vendors (rocm, xpu) also run
+    natively on an NVIDIA GPU (``name@cuda``), with their own conversion path forced."""
     plat = platform.probe()
     out = []
     for cls in ALL_BACKENDS:
@@ -55,6 +71,8 @@ def implementations(include_reference: bool = False) -> list[Impl]:
             out.append(Impl(b.name, b, dev))
         elif getattr(b, "triton_source", False) and interpreter_on() and plat.device_type == "cpu":
             out.append(Impl(b.name + "@interp", b, "cpu", interpreted=True))
+        elif getattr(b, "triton_source", False) and b.family != "cuda" and nvidia_gpu():
+            out.append(Impl(b.name + "@cuda", b, "cuda", portable=True))
         else:
             out.append(Impl(b.name, b, None, "; ".join(why) or "cannot run on this machine"))
     return out

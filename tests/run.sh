@@ -11,4 +11,4 @@ python -O -m pytest -q -p no:cacheprovider tests/test_validation.py
 # 3. The Triton kernels of the cuda, rocm and xpu backends in Triton's interpreter
 #    (made bit-exact by tests/triton_interp.py), over the conformance matrix and
 #    the golden vectors.
-TRITON_INTERPRET=1 python -m pytest -q -p no:cacheprovider tests/test_conformance.py tests/test_golden.py tests/test_transcode.py tests/test_interchange.py -k "interp"
+TRITON_INTERPRET=1 python -m pytest -q -p no:cacheprovider tests/test_conformance.py tests/test_golden.py tests/test_transcode.py tests/test_interchange.py tests/test_launch_shapes.py -k "interp"

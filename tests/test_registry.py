@@ -31,10 +31,22 @@ def test_platform_choice(plat, op, fresh_registry):
     fresh_registry.delenv("DSV41_BACKEND", raising=False)
     sel = _selected(op)
     want = INTENDED[plat]
-    cute = registry.candidates(op, platform.probe())[0]
-    if plat.startswith("sm_") and not cute.reasons(op, platform.probe()):
+    names = [b.name for b in registry.candidates(op, platform.probe())]
+    cute = registry.candidates(op, platform.probe())[names.index("cuda:cutedsl")]
+    # CuTe where it runs, unless a measurement on this arch ranked Triton above it
+    if plat.startswith("sm_") and not cute.reasons(op, platform.probe()) \
+            and names.index("cuda:cutedsl") < names.index("cuda:triton"):
         want = "cuda:cutedsl"
     assert sel == want, registry.resolve(op).rejected
+
+
+def test_measured_order_is_followed(fresh_registry):
+    from dsv41.backends import MEASURED_ORDER
+
+    for (op, arch), order in MEASURED_ORDER.items():
+        fresh_registry.setenv("DSV41_PLATFORM", arch)
+        names = [b.name for b in registry.candidates(op, platform.probe())]
+        assert names == [n for n in order if n in names], (op, arch, names)
 
 
 @pytest.mark.parametrize("plat,native", [("gfx942", "e4m3fnuz"), ("gfx950", "e4m3fn"), ("sm_90", "e4m3fn"), ("xpu", "e4m3fn")])

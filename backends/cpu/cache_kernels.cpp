@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "common.h"
@@ -223,7 +224,11 @@ static inline void indexer_token(const uint16_t* __restrict krow, const void* cs
     load_cos_sin(cs, cs_bf16, cs_s0, cs_s1, row, P, c, s);
     nope_pairs(kn, kr, nope / 2);
     rope_pairs(kn + nope, kr + nope, c, s, P);
-    for (int d = 0; d < IDX_D; ++d) kr[d] = rnbf16_torch(kr[d]);
+    // 0 * inf (zero key, eps 0) is the only NaN: the GPUs' canonical +NaN, as the reference
+    for (int d = 0; d < IDX_D; ++d) {
+        const float y = rnbf16_torch(kr[d]);
+        kr[d] = y != y ? std::numeric_limits<float>::quiet_NaN() : y;
+    }
     if (!FP4) {
         float amax = absmax_ignore_nan(kr, IDX_D);
         amax = amax > F32_1E_4 ? amax : F32_1E_4;
@@ -591,7 +596,10 @@ static inline void indexer_tokens(const uint16_t* const* krow, const int64_t* ro
                 const int j = i - 4;
                 y = rope16(kn, dup_pairs(cc[u][j >> 1], 8 * (j & 1)), dup_pairs(sn[u][j >> 1], 8 * (j & 1)), es);
             }
-            k[u][i] = bf16_round_torch(y);
+            // the only NaN (0 * inf: zero key, eps 0) as the GPUs' canonical +NaN (port::indexer_token)
+            const __m512 yb = bf16_round_torch(y);
+            k[u][i] = _mm512_mask_mov_ps(yb, _mm512_cmp_ps_mask(yb, yb, _CMP_UNORD_Q),
+                                         _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
             const __m512i a = v16_abs_bits_nonan(k[u][i]);
             am[u][i >> 1] = (i & 1) ? _mm512_max_epu32(am[u][i >> 1], a) : a;
         }

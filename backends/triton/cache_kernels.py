@@ -91,7 +91,38 @@ CONFIG = {
     },
     # upper bound on gather programs (grid = requests x workers)
     "gather_programs": 2048,
+    # per-variant shapes (BLOCK_T, num_warps), key "<kernel>:<variant>" (e.g. "rope:288"),
+    # and "<kernel>:<variant>:decode" for launches of <= DECODE_T tokens; from the H200
+    # sweep of 2026-12-02 (python -m dsv41.backends.triton.sweep, docs/performance.md):
+    # best fraction of copy at 65536 tokens, best CUDA-graph replay time at 64 tokens.
+    "variant": {
+        "insert:584": (4, 2), "insert:584:decode": (4, 4),
+        "insert:528": (8, 8), "insert:528:decode": (4, 4),
+        "gather:584": (4, 4), "gather:584:decode": (4, 8),
+        "gather:528:decode": (4, 8),
+        "gather:288": (16, 4), "gather:288:decode": (4, 8),
+        "rope:584": (4, 4), "rope:584:decode": (4, 4),
+        "rope:528:decode": (4, 4),
+        "rope:288": (4, 4), "rope:288:decode": (1, 8),
+        "rope:bf16:decode": (4, 8),
+        "indexer:fp8": (32, 8), "indexer:fp8:decode": (8, 4),
+        "norm1:None": (1, 2), "norm1:None:decode": (1, 4),
+        "norm2:None": (2, 4), "norm2:None:decode": (1, 8),
+    },
 }
+
+DECODE_T = 64  # launches of at most this many tokens take the ":decode" shapes
+
+
+def _shape(kernel: str, variant, tokens: int | None = None) -> tuple[int, int]:
+    """(BLOCK_T, num_warps) of one kernel for one record / mode and launch size."""
+    table = CONFIG["variant"]
+    hit = table.get(f"{kernel}:{variant}:decode") if tokens is not None and tokens <= DECODE_T else None
+    if hit is None:
+        hit = table.get(f"{kernel}:{variant}")
+    if hit is not None:
+        return int(hit[0]), int(hit[1])
+    return CONFIG["block_t"][kernel], CONFIG["num_warps"][kernel]
 
 
 def _soft(t: torch.Tensor) -> bool:
@@ -411,9 +442,25 @@ def _nvfp4_pairs(e, o, SOFT: tl.constexpr):
     sf = tl.minimum(tl.maximum(amax * (1.0 / 6.0), 0.001953125), 448.0)
     sb = _e4m3_encode(sf, False, SOFT)
     S = _e4m3_decode(sb, False, SOFT)[:, :, None]
-    ce = tl.where(e != e, 7, _e2m1_code(tl.math.div_rn(e, S)))
-    co = tl.where(o != o, 7, _e2m1_code(tl.math.div_rn(o, S)))
+    ce = tl.where(e != e, 7, _e2m1_code_of_quotient(e, S))
+    co = tl.where(o != o, 7, _e2m1_code_of_quotient(o, S))
     return (ce | (co << 4)).to(tl.uint8), sb
+
+
+@triton.jit
+def _e2m1_code_of_quotient(x, S):
+    """``_e2m1_code(fl32(x / S))`` without the division, for an e4m3 scale S >= 2^-9.
+
+    The code's thresholds t (0.25, 0.75, ..., 5; ties to even codes) are compared with |x|
+    as t * S, which is exact (<= 4 + 3 significant bits).  That is the same test as on the
+    rounded quotient: fp32 values next to t * S are more than S * ulp(t) / 2 away from it,
+    so fl(x / S) never rounds onto t.  The sign of x / S is the sign of x (-0 keeps 0x8).
+    """
+    a = tl.abs(x)
+    c = ((a > 0.25 * S).to(tl.int32) + (a >= 0.75 * S).to(tl.int32) + (a > 1.25 * S).to(tl.int32)
+         + (a >= 1.75 * S).to(tl.int32) + (a > 2.5 * S).to(tl.int32) + (a >= 3.5 * S).to(tl.int32)
+         + (a > 5.0 * S).to(tl.int32))
+    return c | ((x.to(tl.int32, bitcast=True) >> 28) & 8)
 
 
 # --------------------------------------------------------------------------------------
@@ -468,7 +515,7 @@ def quantize_and_insert_k_cache(k, k_cache, slot_mapping, block_size, use_fnuz, 
     if T == 0:
         return
     v41 = bytes_per_token == 528
-    BT = CONFIG["block_t"]["insert"]
+    BT, NW = _shape("insert", bytes_per_token, T)
     page_stride = k_cache.stride(0)
     _quant_insert_kernel[(triton.cdiv(T, BT),)](
         k, k.stride(0), k_cache, page_stride, slot_mapping, T, block_size,
@@ -476,7 +523,7 @@ def quantize_and_insert_k_cache(k, k_cache, slot_mapping, block_size, use_fnuz, 
         VB=512 if v41 else 576, SB=16 if v41 else 8,
         HAS_TAIL=not v41, TAIL_I16=_i16_ok(k_cache, page_stride),
         FNUZ=bool(use_fnuz), SOFT=_soft(k_cache), EXACT_LOG2=_exact_log2(),
-        BLOCK_T=BT, num_warps=CONFIG["num_warps"]["insert"],
+        BLOCK_T=BT, num_warps=NW,
     )
 
 
@@ -573,7 +620,7 @@ def dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_tab
     if R == 0 or rows <= 0:
         return
     rec = k_cache.shape[-1]
-    BT = CONFIG["block_t"]["gather"]
+    BT, NW = _shape("gather", rec, rows * R)
     workers = max(1, min(triton.cdiv(rows, BT), triton.cdiv(CONFIG["gather_programs"], R)))
     page_stride = k_cache.stride(0)
     _gather_kernel[(R, workers)](
@@ -582,7 +629,7 @@ def dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_tab
         block_table, block_table.stride(0), block_size, offset,
         REC=int(rec), HAS_GL=gather_lens is not None, TAIL_I16=_i16_ok(k_cache, page_stride),
         FNUZ=bool(use_fnuz), SOFT=_soft(k_cache), BLOCK_T=BT,
-        num_warps=CONFIG["num_warps"]["gather"],
+        num_warps=NW,
     )
 
 
@@ -707,14 +754,15 @@ def rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, 
     else:
         mode, cache = _MODE_FP8, kv_cache.view(torch.uint8)
     page_stride = kv_cache.stride(0)
-    BT = CONFIG["block_t"]["rope"]
+    BT, NW = _shape("rope", {_MODE_584: 584, _MODE_528: 528, _MODE_288: 288, _MODE_BF16: "bf16",
+                             _MODE_FP8: "fp8"}[mode], T)
     _rope_quant_insert_kernel[(triton.cdiv(T, BT),)](
         latent, latent.stride(0), positions, cos_sin_cache, cos_sin_cache.stride(0), cache,
         page_stride, kv_cache.stride(1), slot_mapping,
         fp8_scale if fp8_scale is not None else slot_mapping, T, B,
         CR=int(compress_ratio), MODE=mode, SANITIZE=bool(sanitize_nans),
         TAIL_I16=_i16_ok(kv_cache, page_stride), SOFT=_soft(kv_cache), EXACT_LOG2=_exact_log2(),
-        BLOCK_T=BT, num_warps=CONFIG["num_warps"]["rope"],
+        BLOCK_T=BT, num_warps=NW,
     )
 
 
@@ -846,8 +894,8 @@ def indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, rms_norm_weight, 
     T = kv_slot_mapping.numel()
     if T == 0:
         return
-    BT = CONFIG["block_t"]["indexer"]
     fp4 = bool(use_fp4_cache)
+    BT, NW = _shape("indexer", "mxfp4" if fp4 else "fp8", T)
     _indexer_k_kernel[(triton.cdiv(T, BT),)](
         k_pre, k_pre.stride(0), positions, cos_sin_cache, cos_sin_cache.stride(0),
         rms_norm_weight, float(rms_norm_eps), k_cache, k_cache.stride(0), kv_slot_mapping, T,
@@ -855,7 +903,7 @@ def indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, rms_norm_weight, 
         CR=int(compress_ratio), FP4=fp4, TILED=bool(tiled),
         NPT=int(mxfp4_n_per_tile) if (fp4 and tiled) else 16,
         SOFT=_soft(k_cache), EXACT_LOG2=_exact_log2(), BLOCK_T=BT,
-        num_warps=CONFIG["num_warps"]["indexer"],
+        num_warps=NW,
     )
 
 
@@ -957,20 +1005,20 @@ def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, que
     soft = _soft(latent_out)
     eps = float(rms_norm_eps)
     if compress_ratio == 1:
-        BT = CONFIG["block_t"]["norm1"]
+        BT, NW = _shape("norm1", None, T)
         _compress_norm_kernel[(triton.cdiv(T, BT),)](
             kv_score, kv_score.stride(0), slot_mapping, kv_score, 0, 0, 1, slot_mapping,
             slot_mapping, slot_mapping, rms_norm_weight, eps, latent_out, latent_out.stride(0), T,
-            CR=1, SOFT=soft, BLOCK_T=BT, num_warps=CONFIG["num_warps"]["norm1"],
+            CR=1, SOFT=soft, BLOCK_T=BT, num_warps=NW,
         )
         return
     cap = state_cache.shape[1]
-    BT = CONFIG["block_t"]["norm2"]
+    BT, NW = _shape("norm2", None, T)
     _compress_norm_kernel[(triton.cdiv(T, BT),)](
         kv_score, kv_score.stride(0), positions, state_cache, state_cache.stride(0),
         state_cache.stride(1), cap, slot_mapping, query_start_loc, token_to_req_indices,
         rms_norm_weight, eps, latent_out, latent_out.stride(0), T,
-        CR=2, SOFT=soft, BLOCK_T=BT, num_warps=CONFIG["num_warps"]["norm2"],
+        CR=2, SOFT=soft, BLOCK_T=BT, num_warps=NW,
     )
     R = query_start_loc.numel() - 1
     if R > 0:
@@ -1006,7 +1054,6 @@ def _register_aot() -> None:
 
     vendors = ((_CUDA, False, "native"), (_HIP, True, "soft"))
     nw = CONFIG["num_warps"]
-    bt = CONFIG["block_t"]
 
     ins_t = {"k_ptr": "*bf16", "k_stride": "i32", "cache_ptr": "*u8", "page_stride": "i32",
              "slot_ptr": "*i64", "T": "i32", "block_size": "i32"}
@@ -1017,8 +1064,8 @@ def _register_aot() -> None:
                 add(_quant_insert_kernel, f"{rec},{'fnuz' if fnuz else 'ocp'},{flav}", ins_t, dict(
                     NG=16 if v41 else 8, G=32 if v41 else 64, NQ=16 if v41 else 7,
                     VB=512 if v41 else 576, SB=16 if v41 else 8, HAS_TAIL=not v41, TAIL_I16=True,
-                    FNUZ=fnuz, SOFT=soft, EXACT_LOG2=True, BLOCK_T=bt["insert"]),
-                    targets, nw["insert"], ("k_ptr", "k_stride", "cache_ptr", "page_stride", "block_size"))
+                    FNUZ=fnuz, SOFT=soft, EXACT_LOG2=True, BLOCK_T=_shape("insert", rec)[0]),
+                    targets, _shape("insert", rec)[1], ("k_ptr", "k_stride", "cache_ptr", "page_stride", "block_size"))
 
     gat_t = {"out_ptr": "*bf16", "out_s0": "i32", "out_s1": "i32", "cache_ptr": "*u8",
              "page_stride": "i32", "seq_lens_ptr": "*i32", "gather_lens_ptr": "*i32",
@@ -1028,21 +1075,21 @@ def _register_aot() -> None:
             for targets, soft, flav in vendors:
                 add(_gather_kernel, f"{rec},{'fnuz' if fnuz else 'ocp'},{flav}", gat_t, dict(
                     REC=rec, HAS_GL=True, TAIL_I16=True, FNUZ=fnuz, SOFT=soft,
-                    BLOCK_T=bt["gather"]), targets, nw["gather"],
+                    BLOCK_T=_shape("gather", rec)[0]), targets, _shape("gather", rec)[1],
                     ("out_ptr", "out_s0", "out_s1", "cache_ptr", "page_stride", "block_size"))
 
     rope_t = {"lat_ptr": "*bf16", "lat_s0": "i32", "pos_ptr": "*i64", "cs_ptr": "*fp32",
               "cs_s0": "i32", "cache_ptr": "*u8", "page_stride": "i32", "row_stride": "i32",
               "slot_ptr": "*i64", "scale_ptr": "*fp32", "T": "i32", "block_size": "i32"}
-    for mode, name in ((_MODE_584, "584"), (_MODE_528, "528"), (_MODE_288, "288"),
-                       (_MODE_BF16, "bf16rows"), (_MODE_FP8, "fp8rows")):
+    for mode, name, var in ((_MODE_584, "584", 584), (_MODE_528, "528", 528), (_MODE_288, "288", 288),
+                            (_MODE_BF16, "bf16rows", "bf16"), (_MODE_FP8, "fp8rows", "fp8")):
         types = dict(rope_t, cache_ptr="*bf16" if mode == _MODE_BF16 else "*u8")
         for targets, soft, flav in vendors:
             for t in targets:
                 sanitize = t == "gfx950" and mode in (_MODE_584, _MODE_528)
                 add(_rope_quant_insert_kernel, f"{name},{flav},{t}", types, dict(
                     CR=1, MODE=mode, SANITIZE=sanitize, TAIL_I16=True, SOFT=soft, EXACT_LOG2=True,
-                    BLOCK_T=bt["rope"]), (t,), nw["rope"], ("lat_ptr", "lat_s0", "cs_ptr", "cs_s0", "cache_ptr", "page_stride",
+                    BLOCK_T=_shape("rope", var)[0]), (t,), _shape("rope", var)[1], ("lat_ptr", "lat_s0", "cs_ptr", "cs_s0", "cache_ptr", "page_stride",
                                                  "row_stride", "block_size"))
 
     idx_t = {"k_ptr": "*bf16", "k_s0": "i32", "pos_ptr": "*i64", "cs_ptr": "*fp32",
@@ -1055,8 +1102,8 @@ def _register_aot() -> None:
     for targets, soft, flav, fp4, tiled, npt in layouts:
         tag = f"{'mxfp4' if fp4 else 'fp8'},{'tiled' + str(npt) if tiled else 'rows'},{flav}"
         add(_indexer_k_kernel, tag, idx_t, dict(CR=2, FP4=fp4, TILED=tiled, NPT=npt, SOFT=soft,
-                                                EXACT_LOG2=True, BLOCK_T=bt["indexer"]),
-            targets, nw["indexer"], ("k_ptr", "k_s0", "cs_ptr", "cs_s0", "cache_ptr", "page_stride",
+                                                EXACT_LOG2=True, BLOCK_T=_shape("indexer", "mxfp4" if fp4 else "fp8")[0]),
+            targets, _shape("indexer", "mxfp4" if fp4 else "fp8")[1], ("k_ptr", "k_s0", "cs_ptr", "cs_s0", "cache_ptr", "page_stride",
                                       "block_size"))
 
     norm_t = {"kv_ptr": "*fp32", "kv_s0": "i32", "pos_ptr": "*i64", "st_ptr": "*fp32",
@@ -1068,8 +1115,8 @@ def _register_aot() -> None:
     for targets, soft, flav in vendors:
         for cr in (1, 2):
             add(_compress_norm_kernel, f"cr{cr},{flav}", norm_t, dict(
-                CR=cr, SOFT=soft, BLOCK_T=bt["norm1" if cr == 1 else "norm2"]), targets,
-                nw["norm1" if cr == 1 else "norm2"], ("kv_ptr", "kv_s0", "out_ptr", "out_s0", "st_ptr", "st_s0",
+                CR=cr, SOFT=soft, BLOCK_T=_shape(f"norm{cr}", None)[0]), targets,
+                _shape(f"norm{cr}", None)[1], ("kv_ptr", "kv_s0", "out_ptr", "out_s0", "st_ptr", "st_s0",
                                                     "st_s1"))
         add(_ring_save_kernel, flav, ring_t, {}, targets, nw["ring"],
             ("kv_ptr", "kv_s0", "st_ptr", "st_s0", "st_s1"))

@@ -67,6 +67,28 @@ CVT_HW_OVERRIDE: bool | None = None
 TUNE: dict = {}
 
 
+# Measured launch shapes at V4.1 production sizes (H200 sweep of 2026-12-02, python -m
+# dsv41.backends.triton.sweep): "large" at > DECODE_T tokens (best fraction of copy at
+# 65536), "decode" at <= DECODE_T (best CUDA-graph replay at 64).  TUNE overrides them;
+# ops / sizes without an entry use the heuristics of their launcher.
+DECODE_T = 64
+MEASURED = {
+    "fused_inv_rope_fp8_quant": {"large": {"BLOCK_T": 2, "BLOCK_H": 8, "num_warps": 4},
+                                 "decode": {"BLOCK_T": 4, "BLOCK_H": 1, "num_warps": 4}},
+    "fused_q_kv_rmsnorm_quant": {"large": {"BLOCK_T": 2, "num_warps": 2},
+                                 "decode": {"BLOCK_T": 1, "num_warps": 8}},
+    "fused_indexer_q_rope_quant:mxfp4": {"decode": {"BLOCK_T": 1, "BLOCK_H": 16, "num_warps": 8}},
+}
+
+
+def _launch_shape(op: str, tokens: int, variant: str | None = None) -> dict | None:
+    """TUNE[op], else the measured shape for this size, else None (the heuristics)."""
+    if op in TUNE:
+        return TUNE[op]
+    table = MEASURED.get(op if variant is None else f"{op}:{variant}", {})
+    return table.get("decode" if tokens <= DECODE_T else "large")
+
+
 def use_hw_convert(device: torch.device) -> bool:
     """Hardware float converts are used on NVIDIA GPUs only (see module docstring)."""
     if CVT_HW_OVERRIDE is not None:
@@ -365,7 +387,7 @@ def fused_indexer_q_rope_quant(
     block_p = _pow2(D // 2)
     target, warps = _target(T * H * D, 8192, 4)
     bt, bh = _tile_th(T, H, 2 * block_p, target)
-    cfg = TUNE.get("fused_indexer_q_rope_quant")
+    cfg = _launch_shape("fused_indexer_q_rope_quant", T, "mxfp4" if use_fp4 else "fp8")
     if cfg:
         bt, bh, warps = cfg["BLOCK_T"], cfg["BLOCK_H"], cfg["num_warps"]
     out = q_out.view(torch.uint8)
@@ -534,7 +556,7 @@ def fused_inv_rope_fp8_quant(
     bt, bh = _tile_th(Ta, NH, 2 * block_p, target)
     off64 = max(_span(o, out_buf, cos_sin_cache, positions),
                 4 * _span(scale_buf) + 4) >= _I32_SAFE
-    cfg = TUNE.get("fused_inv_rope_fp8_quant")
+    cfg = _launch_shape("fused_inv_rope_fp8_quant", T)
     if cfg:
         bt, bh, warps = cfg["BLOCK_T"], cfg["BLOCK_H"], cfg["num_warps"]
     grid = (triton.cdiv(Ta, bt), triton.cdiv(NH, bh))
@@ -683,7 +705,7 @@ def fused_q_kv_rmsnorm_quant(qr, kv, q_weight, kv_weight, eps, q_out, q_scale_ou
     # One Q row per program (measured best on the H200: the per-row RMS chain and the
     # swizzled scale bytes make wide tiles slower); KV programs take as many elements.
     bt, warps, acc_f64 = 1, 4, True
-    cfg = TUNE.get("fused_q_kv_rmsnorm_quant")
+    cfg = _launch_shape("fused_q_kv_rmsnorm_quant", T)
     if cfg:
         bt, warps, acc_f64 = cfg["BLOCK_T"], cfg["num_warps"], cfg.get("ACC_F64", True)
     bt_kv = max(1, min(_pow2(T), bt * block_g * 32 // block_kv))

@@ -190,6 +190,10 @@ def indexer_k_norm_rope_store(
     cos = torch.cat((torch.ones_like(cos[:, :1]).expand(-1, nope_pairs), cos), dim=-1)
     sin = torch.cat((torch.zeros_like(sin[:, :1]).expand(-1, nope_pairs), sin), dim=-1)
     k = rnbf16(_rope_pairs(k, cos, sin))
+    # NaN inputs are outside the contract; the one NaN left is 0 * inf (an all-zero key with
+    # eps = 0).  GPU arithmetic gives the canonical +NaN, x86 a negative one, and the sign
+    # picks the saturated code (±448 / ±6): the GPU's +NaN is the answer (docs/decisions.md).
+    k = torch.where(torch.isnan(k), torch.full_like(k, float("nan")), k)
 
     # §3.3 step 4: quantize.
     if use_fp4_cache:

@@ -1,0 +1,207 @@
+"""Launch-shape sweep of the shared Triton kernels on a GPU (how the defaults were chosen).
+
+``python -m dsv41.backends.triton.sweep --out DIR [--jobs N] [--only NAME ...]``
+
+For each benchmark variant of ``dsv41.bench`` that has tunable launch shapes, every shape
+of its grid is timed at ``--tokens`` (default 65536) against a same-size device copy
+(fraction of copy, as in the benchmark) and, at 64 tokens, under CUDA-graph replay.  Launch
+shapes never change the bytes a kernel writes (docs/kernel_contract.md); the conformance
+suite checks the chosen defaults.  Phase 1 compiles every shape in ``--jobs`` worker
+processes (Triton's on-disk cache is shared), phase 2 times them one after the other, so
+the timing runs alone on the device.  Results: ``DIR/sweep.jsonl`` (one line per shape) and
+``DIR/sweep.txt`` (best shape per variant next to the built-in default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+from dsv41.backends.triton import cache_kernels, rope_kernels
+
+from dsv41 import bench
+
+DEFAULT = None  # the built-in launch shape of a launcher
+
+
+def _grid(**axes):
+    keys = list(axes)
+    return [dict(zip(keys, vals)) for vals in itertools.product(*(axes[k] for k in keys))]
+
+
+_CACHE_BT_NW = _grid(bt=(4, 8, 16, 32), nw=(2, 4, 8))
+
+# variant name -> (how to apply a shape, the shapes)
+SPACES = {
+    "quantize_and_insert_k_cache [584]": (("cache", "insert:584"), _CACHE_BT_NW),
+    "quantize_and_insert_k_cache [528]": (("cache", "insert:528"), _CACHE_BT_NW),
+    "dequantize_and_gather_k_cache [584]": (("cache", "gather:584"), _CACHE_BT_NW),
+    "dequantize_and_gather_k_cache [528]": (("cache", "gather:528"), _CACHE_BT_NW),
+    "dequantize_and_gather_k_cache [288]": (("cache", "gather:288"), _CACHE_BT_NW),
+    "rope_quant_insert [584]": (("cache", "rope:584"), _CACHE_BT_NW),
+    "rope_quant_insert [528]": (("cache", "rope:528"), _CACHE_BT_NW),
+    "rope_quant_insert [288]": (("cache", "rope:288"), _grid(bt=(1, 2, 4, 8, 16), nw=(2, 4, 8))),
+    "rope_quant_insert [bf16]": (("cache", "rope:bf16"), _CACHE_BT_NW),
+    "indexer_k_norm_rope_store [FP8]": (("cache", "indexer:fp8"), _grid(bt=(8, 16, 32, 64), nw=(2, 4, 8))),
+    "fused_save_compress_norm [CR1]": (("cache", "norm1:None"), _grid(bt=(1, 2, 4, 8), nw=(2, 4, 8))),
+    "fused_save_compress_norm [CR2]": (("cache", "norm2:None"), _grid(bt=(1, 2, 4, 8), nw=(1, 2, 4, 8))),
+    "fused_indexer_q_rope_quant [FP8]": (("rope", "fused_indexer_q_rope_quant"),
+                                         _grid(BLOCK_T=(1, 2, 4), BLOCK_H=(16, 32, 64), num_warps=(4, 8))),
+    "fused_indexer_q_rope_quant [MXFP4]": (("rope", "fused_indexer_q_rope_quant"),
+                                           _grid(BLOCK_T=(1, 2, 4), BLOCK_H=(16, 32, 64), num_warps=(4, 8))),
+    "fused_inv_rope_fp8_quant": (("rope", "fused_inv_rope_fp8_quant"),
+                                 _grid(BLOCK_T=(1, 2, 4, 8), BLOCK_H=(1, 2, 4, 8), num_warps=(4, 8))),
+    "fused_q_kv_rmsnorm_quant": (("rope", "fused_q_kv_rmsnorm_quant"),
+                                 _grid(BLOCK_T=(1, 2, 4, 8), num_warps=(1, 2, 4, 8))),
+}
+
+
+class _Applied:
+    """Context manager: one launch shape in force at every size (DEFAULT: the built-in ones)."""
+
+    def __init__(self, where, shape):
+        self.kind, self.key = where
+        self.shape = shape
+        self.saved = {}
+
+    def _table(self):
+        return cache_kernels.CONFIG["variant"] if self.kind == "cache" else rope_kernels.TUNE
+
+    def __enter__(self):
+        table = self._table()
+        keys = (self.key, self.key + ":decode") if self.kind == "cache" else (self.key,)
+        self.saved = {k: table.get(k) for k in keys}
+        if self.shape is not None:
+            value = (self.shape["bt"], self.shape["nw"]) if self.kind == "cache" else dict(self.shape)
+            for k in keys:
+                table[k] = value
+        return self
+
+    def __exit__(self, *exc):
+        table = self._table()
+        for k, v in self.saved.items():
+            if v is None:
+                table.pop(k, None)
+            else:
+                table[k] = v
+
+
+def _variant(name):
+    for v in bench.VARIANTS:
+        if v.name == name:
+            return v
+    raise SystemExit(f"unknown variant {name!r}")
+
+
+def _fn(name, tokens, device):
+    v = _variant(name)
+    gen = bench._Gen(device, bench._seed(0, v, tokens))
+    case = v.build(gen, tokens, bench._platform.probe())
+    from dsv41.backends.cuda import CudaTritonBackend
+
+    kernel = CudaTritonBackend().load(v.op)
+    return (lambda: kernel(*case.args)), case.bytes
+
+
+def _jobs(only):
+    names = [n for n in SPACES if not only or any(o in n for o in only)]
+    return [(n, i) for n in names for i in range(len(SPACES[n][1]) + 1)]  # index 0: default
+
+
+def _shape(name, i):
+    return DEFAULT if i == 0 else SPACES[name][1][i - 1]
+
+
+def _compile(jobs, tokens, device):
+    for name, i in jobs:
+        try:
+            with _Applied(SPACES[name][0], _shape(name, i)):
+                for t in (tokens, 64):
+                    fn, _ = _fn(name, t, device)
+                    fn()
+            torch.cuda.synchronize()
+        except Exception as exc:  # a shape a kernel cannot take is reported in phase 2
+            print(f"compile {name} #{i}: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def _time(jobs, tokens, device, out):
+    timer = bench._Timer(device, 50, 0.2)
+    timer.spin(bench.SPIN_UP_S)
+    for name, i in jobs:
+        timer.spin(bench.SPIN_S / 2)
+        rec = {"variant": name, "shape": _shape(name, i), "tokens": tokens}
+        try:
+            with _Applied(SPACES[name][0], rec["shape"]):
+                fn, nbytes = _fn(name, tokens, device)
+                sec, _ = timer.eager(fn)
+                copy, _ = bench._measure_copy(timer, device, nbytes, graph=False)
+                rec.update(seconds=sec, fraction_of_copy=(nbytes / sec) / (nbytes / copy))
+                fn64, b64 = _fn(name, 64, device)
+                g = timer.graph(fn64)
+                _, gcopy = bench._measure_copy(timer, device, b64, graph=True)
+                rec.update(graph_us_64=g * 1e6, copy_graph_us_64=gcopy * 1e6 if gcopy else None)
+        except Exception as exc:
+            rec["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        out.write(json.dumps(rec) + "\n")
+        out.flush()
+
+
+def _summary(path):
+    rows = [json.loads(line) for line in open(path)]
+    lines = []
+    for name in dict.fromkeys(r["variant"] for r in rows):
+        rs = [r for r in rows if r["variant"] == name and "error" not in r]
+        if not rs:
+            lines.append(f"{name}: every shape failed")
+            continue
+        default = next((r for r in rs if r["shape"] is None), None)
+        best = max(rs, key=lambda r: r["fraction_of_copy"])
+        fast64 = min(rs, key=lambda r: r["graph_us_64"])
+        d = f"{default['fraction_of_copy']:.2f} / {default['graph_us_64']:.2f} us" if default else "-"
+        lines.append(f"{name}: default {d}; best bw {best['shape']} {best['fraction_of_copy']:.2f} "
+                     f"({best['graph_us_64']:.2f} us); best graph64 {fast64['shape']} "
+                     f"{fast64['graph_us_64']:.2f} us ({fast64['fraction_of_copy']:.2f})")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m dsv41.backends.triton.sweep", description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--tokens", type=int, default=65536)
+    p.add_argument("--jobs", type=int, default=8, help="compile workers (phase 1)")
+    p.add_argument("--only", nargs="+", help="variants whose name contains one of these")
+    p.add_argument("--worker", type=int, nargs=2, metavar=("K", "N"), help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    device = torch.device("cuda", 0)
+    jobs = _jobs(a.only)
+    if a.worker:
+        k, n = a.worker
+        _compile(jobs[k::n], a.tokens, device)
+        return 0
+    os.makedirs(a.out, exist_ok=True)
+    t0 = time.time()
+    cmd = [sys.executable, "-P", "-m", "dsv41.backends.triton.sweep", "--out", a.out, "--tokens", str(a.tokens)]
+    if a.only:
+        cmd += ["--only", *a.only]
+    procs = [subprocess.Popen([*cmd, "--worker", str(k), str(a.jobs)]) for k in range(a.jobs)]
+    for pr in procs:
+        pr.wait()
+    print(f"compiled {len(jobs)} shapes in {time.time() - t0:.0f} s", flush=True)
+    path = os.path.join(a.out, "sweep.jsonl")
+    with open(path, "w") as out:
+        _time(jobs, a.tokens, device, out)
+    text = _summary(path)
+    open(os.path.join(a.out, "sweep.txt"), "w").write(text + "\n")
+    print(text)
+    print(f"sweep done in {time.time() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

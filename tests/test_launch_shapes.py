@@ -1,0 +1,50 @@
+"""The measured launch shapes for large launches write the reference's bytes too.
+
+The conformance cases are small, so their launches take the ``decode`` shapes of
+``backends/triton`` (<= ``DECODE_T`` tokens).  Here ``DECODE_T`` is set to 0, so the same
+cases run with the shapes chosen for prefill sizes (other tile sizes, other masks at the
+tile edges).  Runs wherever a Triton implementation runs: on a GPU, or in the interpreter
+(``TRITON_INTERPRET=1``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsv41.backends.triton import cache_kernels, rope_kernels
+from dsv41.conformance import CASES, _on, clone_args, written_bytes
+from dsv41.reference import ReferenceBackend
+from impls import implementations
+
+SHAPED_OPS = {
+    "quantize_and_insert_k_cache", "dequantize_and_gather_k_cache", "rope_quant_insert",
+    "indexer_k_norm_rope_store", "fused_save_compress_norm", "fused_indexer_q_rope_quant",
+    "fused_inv_rope_fp8_quant", "fused_q_kv_rmsnorm_quant",
+}
+SHAPE_CASES = [c for c in CASES if c.op in SHAPED_OPS]
+TRITON_IMPLS = [i for i in implementations() if getattr(i.backend, "triton_source", False) and i.device is not None]
+
+
+@pytest.mark.parametrize("case", SHAPE_CASES, ids=[c.id for c in SHAPE_CASES])
+@pytest.mark.parametrize("impl", TRITON_IMPLS or [None], ids=[i.name for i in TRITON_IMPLS] or ["none"])
+def test_large_launch_shapes(case, impl, monkeypatch):
+    if impl is None:
+        pytest.skip("no Triton implementation runs here (GPU or TRITON_INTERPRET=1)")
+    why = impl.skip_reason(case.op)
+    if why:
+        pytest.skip(why)
+    monkeypatch.setattr(cache_kernels, "DECODE_T", 0)
+    monkeypatch.setattr(rope_kernels, "DECODE_T", 0)
+    args = case.build("cpu")
+    want = clone_args(args)
+    ReferenceBackend().load(case.op)(*want)
+    got = _on(impl.device, clone_args(args))
+    impl.kernel(case.op)(*got)
+    if impl.device != "cpu":
+        getattr(torch, impl.device).synchronize()
+    for i in case.writes:
+        if want[i] is None:
+            continue
+        w, g = written_bytes(want[i]), written_bytes(got[i])
+        assert w.numel() == g.numel() and torch.equal(w, g), f"arg {i}: {int((w != g).sum())} bytes differ"
