@@ -37,9 +37,9 @@ for step in $STEPS; do
     tests)
       timeout "$LIMIT" $PY -m pytest -q -p no:cacheprovider -m "not slow" \
         tests/test_conformance.py tests/test_golden.py tests/test_gpu.py tests/test_interchange.py \
-        tests/test_transcode.py tests/test_launch_shapes.py ${GPU_PYTEST_ARGS:-} > "$OUT/pytest.txt" 2>&1
+        tests/test_transcode.py tests/test_launch_shapes.py tests/test_nvfp4_quotient.py ${GPU_PYTEST_ARGS:-} > "$OUT/pytest.txt" 2>&1
       echo "pytest rc=$?" >> "$OUT/pytest.txt"
-      timeout "$LIMIT" $PY -m pytest -q -p no:cacheprovider tests/test_fuzz.py -k "impl_matches and cuda" \
+      timeout "$LIMIT" $PY -m pytest -q -p no:cacheprovider tests/test_fuzz.py -k "impl_matches and cuda${FUZZ_K:+ and ($FUZZ_K)}" \
         > "$OUT/fuzz.txt" 2>&1
       echo "fuzz rc=$?" >> "$OUT/fuzz.txt"
       tail -n 3 "$OUT/pytest.txt"; tail -n 3 "$OUT/fuzz.txt" ;;

@@ -12,3 +12,5 @@ python -O -m pytest -q -p no:cacheprovider tests/test_validation.py
 #    (made bit-exact by tests/triton_interp.py), over the conformance matrix and
 #    the golden vectors.
 TRITON_INTERPRET=1 python -m pytest -q -p no:cacheprovider tests/test_conformance.py tests/test_golden.py tests/test_transcode.py tests/test_interchange.py tests/test_launch_shapes.py -k "interp"
+# 4. Kernel-level checks that need Triton to run (interpreter here).
+TRITON_INTERPRET=1 python -m pytest -q -p no:cacheprovider tests/test_nvfp4_quotient.py

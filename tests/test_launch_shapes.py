@@ -1,7 +1,7 @@
 """The measured launch shapes for large launches write the reference's bytes too.
 
 The conformance cases are small, so their launches take the ``decode`` shapes of
-``backends/triton`` (<= ``DECODE_T`` tokens).  Here ``DECODE_T`` is set to 0, so the same
+``backends/triton`` (<= ``DECODE_T`` tokens, ``DECODE_ROWS`` rows).  Here both are 0, so the same
 cases run with the shapes chosen for prefill sizes (other tile sizes, other masks at the
 tile edges).  Runs wherever a Triton implementation runs: on a GPU, or in the interpreter
 (``TRITON_INTERPRET=1``).
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsv41.backends.triton import cache_kernels, rope_kernels
+from dsv41.backends.triton import cache_kernels, index_kernels, rope_kernels
 from dsv41.conformance import CASES, _on, clone_args, written_bytes
 from dsv41.reference import ReferenceBackend
 from impls import implementations
@@ -20,7 +20,8 @@ from impls import implementations
 SHAPED_OPS = {
     "quantize_and_insert_k_cache", "dequantize_and_gather_k_cache", "rope_quant_insert",
     "indexer_k_norm_rope_store", "fused_save_compress_norm", "fused_indexer_q_rope_quant",
-    "fused_inv_rope_fp8_quant", "fused_q_kv_rmsnorm_quant",
+    "fused_inv_rope_fp8_quant", "fused_q_kv_rmsnorm_quant", "combine_topk_swa_indices",
+    "build_flashinfer_mixed_sparse_indices",
 }
 SHAPE_CASES = [c for c in CASES if c.op in SHAPED_OPS]
 TRITON_IMPLS = [i for i in implementations() if getattr(i.backend, "triton_source", False) and i.device is not None]
@@ -36,6 +37,7 @@ def test_large_launch_shapes(case, impl, monkeypatch):
         pytest.skip(why)
     monkeypatch.setattr(cache_kernels, "DECODE_T", 0)
     monkeypatch.setattr(rope_kernels, "DECODE_T", 0)
+    monkeypatch.setattr(index_kernels, "DECODE_ROWS", 0)
     args = case.build("cpu")
     want = clone_args(args)
     ReferenceBackend().load(case.op)(*want)
