@@ -344,31 +344,26 @@ def _build_indexer_k(gen: _Gen, t: int, plat) -> Case:
 INDEXER_HEADS, INDEXER_DIM = 64, 128
 
 
-def _build_indexer_q_mxfp4(gen: _Gen, t: int, plat) -> Case:
+def _build_indexer_q(gen: _Gen, t: int, fp4: bool, plat) -> Case:
+    """FP8 (the platform's flavour, fp32 weights) or MXFP4 (packed e2m1 + ue8m0, bf16 weights)."""
     h, d = INDEXER_HEADS, INDEXER_DIM
     positions = _positions(gen, t)
     q = gen.randn(t, h, d, dtype=BF16)
     cos_sin = _cos_sin(gen)
     weights = gen.randn(t, h, dtype=BF16)
-    q_out = gen.empty(t, h, d // 2, dtype=U8)
-    scale_out = gen.empty(t, h, d // 32, dtype=U8)
-    w_out = gen.empty(t, h, dtype=BF16)
-    nbytes = t * 8 + t * 64 * 4 + t * h * d * 2 + t * h * 2 + t * h * (d // 2 + d // 32) + t * h * 2
-    return Case((positions, q, cos_sin, weights, d ** -0.5, h ** -0.5, True, False, q_out, scale_out, w_out), nbytes)
-
-
-def _build_indexer_q(gen: _Gen, t: int, plat) -> Case:
-    h, d = INDEXER_HEADS, INDEXER_DIM
-    positions = _positions(gen, t)
-    q = gen.randn(t, h, d, dtype=BF16)
-    cos_sin = _cos_sin(gen)
-    weights = gen.randn(t, h, dtype=BF16)
-    fnuz = plat.fp8_flavour.fnuz
-    q_out = gen.empty(t, h, d, dtype=torch.float8_e4m3fnuz if fnuz else torch.float8_e4m3fn)
-    scale_out = gen.empty(0, dtype=U8)
-    w_out = gen.empty(t, h, dtype=F32)
-    nbytes = t * 8 + t * 64 * 4 + t * h * d * 2 + t * h * 2 + t * h * d + t * h * 4
-    return Case((positions, q, cos_sin, weights, d ** -0.5, h ** -0.5, False, fnuz, q_out, scale_out, w_out), nbytes)
+    fnuz = plat.fp8_flavour.fnuz and not fp4
+    if fp4:
+        q_out = gen.empty(t, h, d // 2, dtype=U8)
+        scale_out = gen.empty(t, h, d // 32, dtype=U8)
+        w_out = gen.empty(t, h, dtype=BF16)
+        out_bytes = t * h * (d // 2 + d // 32) + t * h * 2
+    else:
+        q_out = gen.empty(t, h, d, dtype=torch.float8_e4m3fnuz if fnuz else torch.float8_e4m3fn)
+        scale_out = gen.empty(0, dtype=U8)
+        w_out = gen.empty(t, h, dtype=F32)
+        out_bytes = t * h * d + t * h * 4
+    nbytes = t * 8 + t * 64 * 4 + t * h * d * 2 + t * h * 2 + out_bytes
+    return Case((positions, q, cos_sin, weights, d ** -0.5, h ** -0.5, fp4, fnuz, q_out, scale_out, w_out), nbytes)
 
 
 INV_GROUPS, INV_HEADS_PER_GROUP, INV_QGS = 2, 8, 128
@@ -444,8 +439,8 @@ VARIANTS = (
     Variant("rope_quant_insert", "288", _with(_build_rope_quant_insert, "288")),
     Variant("rope_quant_insert", "bf16", _with(_build_rope_quant_insert, "bf16")),
     Variant("indexer_k_norm_rope_store", "FP8", _build_indexer_k),
-    Variant("fused_indexer_q_rope_quant", "FP8", _build_indexer_q),
-    Variant("fused_indexer_q_rope_quant", "MXFP4", _build_indexer_q_mxfp4),
+    Variant("fused_indexer_q_rope_quant", "FP8", _with(_build_indexer_q, False)),
+    Variant("fused_indexer_q_rope_quant", "MXFP4", _with(_build_indexer_q, True)),
     Variant("fused_inv_rope_fp8_quant", None, _build_inv_rope),
     Variant("fused_q_kv_rmsnorm_quant", None, _build_q_kv_rmsnorm),
     Variant("pad_fused_q_heads", None, _build_pad_q),
