@@ -16,7 +16,6 @@ import torch
 
 from dsv41 import platform, registry
 from dsv41.backends import ALL_BACKENDS
-from dsv41.backends.triton import conversions
 
 
 @dataclasses.dataclass
@@ -32,6 +31,8 @@ class Impl:
         fn = self.backend.load(op)
         if not self.portable:
             return fn
+
+        from dsv41.backends.triton import conversions  # only where Triton runs
 
         def run(*args):
             with conversions.portable():
