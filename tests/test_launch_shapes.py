@@ -1,7 +1,7 @@
 """The measured launch shapes for large launches write the reference's bytes too.
 
 The conformance cases are small, so their launches take the ``decode`` shapes of
-``backends/triton`` (<= ``DECODE_T`` tokens, ``DECODE_ROWS`` rows).  Here both are 0, so the same
+``backends/triton`` (<= ``launch.DECODE_T`` tokens or rows).  Here it is 0, so the same
 cases run with the shapes chosen for prefill sizes (other tile sizes, other masks at the
 tile edges).  Runs wherever a Triton implementation runs: on a GPU, or in the interpreter
 (``TRITON_INTERPRET=1``).
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsv41.backends.triton import cache_kernels, index_kernels, rope_kernels
+from dsv41.backends.triton import launch
 from dsv41.conformance import CASES, _on, clone_args, written_bytes
 from dsv41.reference import ReferenceBackend
 from impls import implementations
@@ -35,9 +35,7 @@ def test_large_launch_shapes(case, impl, monkeypatch):
     why = impl.skip_reason(case.op)
     if why:
         pytest.skip(why)
-    monkeypatch.setattr(cache_kernels, "DECODE_T", 0)
-    monkeypatch.setattr(rope_kernels, "DECODE_T", 0)
-    monkeypatch.setattr(index_kernels, "DECODE_ROWS", 0)
+    monkeypatch.setattr(launch, "DECODE_T", 0)
     args = case.build("cpu")
     want = clone_args(args)
     ReferenceBackend().load(case.op)(*want)

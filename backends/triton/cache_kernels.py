@@ -51,6 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import launch
 from .aot import AotSpec, register
 
 __all__ = [
@@ -92,7 +93,7 @@ CONFIG = {
     # upper bound on gather programs (grid = requests x workers)
     "gather_programs": 2048,
     # per-variant shapes (BLOCK_T, num_warps), key "<kernel>:<variant>" (e.g. "rope:288"),
-    # and "<kernel>:<variant>:decode" for launches of <= DECODE_T tokens; from the H200
+    # and "<kernel>:<variant>:decode" for launches of <= launch.DECODE_T tokens; from the H200
     # sweep of 2026-12-02 (python -m dsv41.backends.triton.sweep, docs/performance.md):
     # best fraction of copy at 65536 tokens, best CUDA-graph replay time at 64 tokens.
     "variant": {
@@ -113,15 +114,9 @@ CONFIG = {
     },
 }
 
-DECODE_T = 64  # launches of at most this many tokens take the ":decode" shapes
-
-
 def _shape(kernel: str, variant, tokens: int | None = None) -> tuple[int, int]:
     """(BLOCK_T, num_warps) of one kernel for one record / mode and launch size."""
-    table = CONFIG["variant"]
-    hit = table.get(f"{kernel}:{variant}:decode") if tokens is not None and tokens <= DECODE_T else None
-    if hit is None:
-        hit = table.get(f"{kernel}:{variant}")
+    hit = launch.measured(CONFIG["variant"], f"{kernel}:{variant}", tokens)
     if hit is not None:
         return int(hit[0]), int(hit[1])
     return CONFIG["block_t"][kernel], CONFIG["num_warps"][kernel]

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import launch
 from .reductions import _rmax, _rsum
 
 __all__ = [
@@ -55,9 +56,6 @@ def _pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
 
 
-DECODE_ROWS = 64  # at most this many rows: one row per program (latency, not bandwidth)
-
-
 def _tile(rows: int, cols: int, max_cols: int = 1024) -> tuple[int, int]:
     """(BLOCK_R, BLOCK_C): columns up to ``max_cols`` per step, rows fill ``_TILE``."""
     block_c = min(_pow2(cols), max_cols)
@@ -73,7 +71,7 @@ def _row_shape(op: str, rows: int, cols: int) -> tuple[int, int, int]:
     bandwidth tiling, 2.2-2.7 us with this); above that the bandwidth tiling."""
     if op in TUNE:
         return _cfg(op, 0, 0)
-    if rows <= DECODE_ROWS:
+    if rows <= launch.DECODE_T:
         return 1, min(_pow2(cols), 2048), 8
     return (*_tile(rows, cols), _NUM_WARPS)
 

@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import launch
 from .reductions import _rmax, _rsum
 
 __all__ = [
@@ -68,16 +69,15 @@ TUNE: dict = {}
 
 
 # Measured launch shapes at V4.1 production sizes (H200 sweep of 2026-12-02, python -m
-# dsv41.backends.triton.sweep): "large" at > DECODE_T tokens (best fraction of copy at
-# 65536), "decode" at <= DECODE_T (best CUDA-graph replay at 64).  TUNE overrides them;
-# ops / sizes without an entry use the heuristics of their launcher.
-DECODE_T = 64
+# dsv41.backends.triton.sweep): "<op>" for launches of more than launch.DECODE_T tokens (best
+# fraction of copy at 65536), "<op>:decode" for the others (best CUDA-graph replay at 64).
+# TUNE overrides them; ops / sizes without an entry use the heuristics of their launcher.
 MEASURED = {
-    "fused_inv_rope_fp8_quant": {"large": {"BLOCK_T": 2, "BLOCK_H": 8, "num_warps": 4},
-                                 "decode": {"BLOCK_T": 4, "BLOCK_H": 1, "num_warps": 4}},
-    "fused_q_kv_rmsnorm_quant": {"large": {"BLOCK_T": 2, "num_warps": 2},
-                                 "decode": {"BLOCK_T": 1, "num_warps": 8}},
-    "fused_indexer_q_rope_quant:mxfp4": {"decode": {"BLOCK_T": 1, "BLOCK_H": 16, "num_warps": 8}},
+    "fused_inv_rope_fp8_quant": {"BLOCK_T": 2, "BLOCK_H": 8, "num_warps": 4},
+    "fused_inv_rope_fp8_quant:decode": {"BLOCK_T": 4, "BLOCK_H": 1, "num_warps": 4},
+    "fused_q_kv_rmsnorm_quant": {"BLOCK_T": 2, "num_warps": 2},
+    "fused_q_kv_rmsnorm_quant:decode": {"BLOCK_T": 1, "num_warps": 8},
+    "fused_indexer_q_rope_quant:mxfp4:decode": {"BLOCK_T": 1, "BLOCK_H": 16, "num_warps": 8},
 }
 
 
@@ -85,8 +85,7 @@ def _launch_shape(op: str, tokens: int, variant: str | None = None) -> dict | No
     """TUNE[op], else the measured shape for this size, else None (the heuristics)."""
     if op in TUNE:
         return TUNE[op]
-    table = MEASURED.get(op if variant is None else f"{op}:{variant}", {})
-    return table.get("decode" if tokens <= DECODE_T else "large")
+    return launch.measured(MEASURED, op if variant is None else f"{op}:{variant}", tokens)
 
 
 def use_hw_convert(device: torch.device) -> bool:
