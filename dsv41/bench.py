@@ -6,8 +6,11 @@ count, the kernel function is called directly with kernel-contract arguments
 (docs/kernel_contract.md) built here at V4.1 production shapes, outputs
 preallocated once.  Reported per row:
 
-* ``seconds``: median over timed calls after warm-up (CPU ``perf_counter``,
-  GPU events around each call);
+* ``seconds``: median over timed calls after warm-up (CPU ``perf_counter``;
+  GPU events around each call, each call preceded by an L2 eviction and a short
+  device sleep, so the events see a cold L2 and no host launch gap);
+* ``host_seconds`` (GPUs, tokens <= 64): host time per call of the kernel
+  function (launch path and argument handling), calls enqueued back to back;
 * ``graph_seconds`` (CUDA, tokens <= 64): median per-call time of CUDA-graph
   replay (``GRAPH_CALLS`` calls captured in one graph);
 * ``bytes``: what the op must read and write by its contract (payload, index
@@ -52,6 +55,7 @@ BLOCK = 64  # cache block size (tokens per page)
 REFERENCE_LIMIT_S = 20.0  # skip the reference where one call would take longer ...
 CPU_REFERENCE_ALWAYS = 16384  # ... except on CPU at or below this many tokens
 GRAPH_CALLS = 16  # kernel calls captured per CUDA graph
+FLUSH_SLEEP_CYCLES = 100_000  # device sleep queued before each timed GPU call (~50 us)
 WARMUP_CALLS, WARMUP_S = 3, 0.1  # warm-up: at least this many calls and this long
 SPIN_UP_S, SPIN_S = 3.0, 0.2  # accelerator load before the run / before each size (_Timer.spin)
 MAX_POS = 65536  # rows of the cos/sin caches (positions wrap below it)
@@ -464,6 +468,23 @@ class _Timer:
         self.budget = budget_s
         self.accel = device.type != "cpu"
         self.mod = getattr(torch, device.type) if self.accel else None
+        self._flush_buf = None
+
+    def _cold(self) -> None:
+        """Before a timed GPU call: evict the L2 cache (overwrite a buffer twice its size) and,
+        on CUDA, queue a short device-side sleep.  The call is then timed with a cold L2 like a
+        serving engine's first touch of a big cache, and the host has enqueued it before the
+        GPU reaches the start event, so the events measure the kernel and not the Python
+        launch path (per-call host time is what ``host_seconds`` reports)."""
+        if self._flush_buf is None:
+            l2 = 0
+            if self.device.type == "cuda":
+                l2 = getattr(torch.cuda.get_device_properties(self.device), "L2_cache_size", 0)
+            nbytes = max(2 * l2, 128 << 20)
+            self._flush_buf = torch.empty(nbytes, dtype=U8, device=self.device)
+        self._flush_buf.zero_()
+        if self.device.type == "cuda":
+            torch.cuda._sleep(FLUSH_SLEEP_CYCLES)
 
     def sync(self):
         if self.accel:
@@ -522,11 +543,26 @@ class _Timer:
         starts = [ev(enable_timing=True) for _ in range(n)]
         ends = [ev(enable_timing=True) for _ in range(n)]
         for s, e in zip(starts, ends):
+            self._cold()
             s.record()
             fn()
             e.record()
         self.sync()
         return statistics.median(s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)), n
+
+    def host(self, fn: Callable[[], None], calls: int = 200) -> float:
+        """Host seconds per call when ``calls`` calls are enqueued back to back behind a long
+        device-side sleep (so the GPU never waits for the host and the queue never fills): the
+        launch path's own cost, argument handling included."""
+        self.sync()
+        if self.device.type == "cuda":
+            torch.cuda._sleep(FLUSH_SLEEP_CYCLES * 20)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sec = (time.perf_counter() - t0) / calls
+        self.sync()
+        return sec
 
     def graph(self, fn: Callable[[], None]) -> float:
         """Median seconds per call when GRAPH_CALLS calls are replayed from one CUDA graph."""
@@ -671,7 +707,8 @@ def _fmt(x, spec):
 
 
 def _table(records: list[dict]) -> str:
-    head = ("op", "backend", "tokens", "frac_copy", "graph_frac", "vs_ref", "us", "graph_us", "GB/s", "copy_GB/s")
+    head = ("op", "backend", "tokens", "frac_copy", "graph_frac", "vs_ref", "us", "graph_us", "host_us",
+            "GB/s", "copy_GB/s")
     rows = [
         (
             r["name"],
@@ -682,6 +719,7 @@ def _table(records: list[dict]) -> str:
             _fmt(r["speedup_vs_reference"], ".2f"),
             _fmt(r["seconds"] * 1e6, ".1f"),
             _fmt(None if r["graph_seconds"] is None else r["graph_seconds"] * 1e6, ".2f"),
+            _fmt(None if r.get("host_seconds") is None else r["host_seconds"] * 1e6, ".1f"),
             _fmt(r["gbps"], ".2f"),
             _fmt(r["copy_gbps"], ".2f"),
         )
@@ -738,6 +776,31 @@ def _plot(records: list[dict], path: str) -> None:
     plt.close(fig)
 
 
+def _profile(plan, tokens: list[int], device: torch.device, plat, seed: int) -> int:
+    """One profiled call per (variant, implementation, size), references excluded: the kernels
+    an ``ncu --profile-from-start off`` run sees are exactly these, in this printed order."""
+    if device.type != "cuda":
+        print("dsv41 bench: --profile needs --device cuda", file=sys.stderr)
+        return 2
+    for v, shown, _ in plan:
+        for t in tokens:
+            case = v.build(_Gen(device, _seed(seed, v, t)), t, plat)
+            for impl in shown:
+                if impl.name == "reference":
+                    continue
+                for _ in range(3):  # compile and warm up outside the profiled range
+                    impl.fn(*case.args)
+                torch.cuda.synchronize(device)
+                torch.cuda.profiler.start()
+                impl.fn(*case.args)
+                torch.cuda.synchronize(device)
+                torch.cuda.profiler.stop()
+                print(f"profiled {v.name} {impl.name} tokens={t}", flush=True)
+            case = None
+            _free(device.type)
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m dsv41 bench",
@@ -766,6 +829,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="torch CPU threads (torch.set_num_threads) for CPU runs")
     p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     p.add_argument("--list", action="store_true", help="list the ops, variants and runnable backends, then exit")
+    p.add_argument("--profile", action="store_true",
+                   help="no timing: call each implementation a few times, then once between "
+                   "cudaProfilerStart/Stop, for `ncu --profile-from-start off` (docs/gpu.md)")
     return p
 
 
@@ -821,6 +887,9 @@ def main(argv: list[str] | None = None) -> int:
         run_ref = ref is not None and (not args.no_reference or ref in shown)
         plan.append((v, shown, ref if run_ref else None))
 
+    if args.profile:
+        return _profile(plan, tokens, device, plat, args.seed)
+
     total = sum(len(tokens) * (len(shown) + (ref is not None and ref not in shown)) for v, shown, ref in plan)
     progress = _Progress(total)
     records, errors = [], []
@@ -853,7 +922,9 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     call = functools.partial(impl.fn, *case.args)
                     sec, n = timer.eager(call)
-                    gsec = None
+                    gsec = hsec = None
+                    if accel and t <= DECODE_MAX:
+                        hsec = timer.host(call)
                     if use_graph and t <= DECODE_MAX:
                         try:
                             gsec = timer.graph(call)
@@ -894,6 +965,7 @@ def main(argv: list[str] | None = None) -> int:
                         "graph_seconds": gsec,
                         "copy_graph_seconds": copy_gsec,
                         "graph_fraction_of_copy": (copy_gsec / gsec) if gsec and copy_gsec else None,
+                        "host_seconds": hsec,
                         "timed_calls": n,
                         "device": device_label,
                     }

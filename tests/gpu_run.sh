@@ -9,6 +9,7 @@
 #     check     python -m dsv41 check --device cuda --all
 #     bench     python -m dsv41 bench --device cuda (BENCH_ARGS adds arguments)
 #     sweep     launch-shape sweep of the Triton kernels (python -m dsv41.backends.triton.sweep)
+#     profile   Nsight Compute sections of one call per CUDA implementation (PROFILE_ARGS)
 #     sanitize  compute-sanitizer memcheck and racecheck over the conformance and fuzz inputs
 #   STEP_LIMIT  seconds per step before it is stopped (default 540)
 set -uo pipefail
@@ -55,6 +56,15 @@ for step in $STEPS; do
       timeout "$LIMIT" $PY -m dsv41.backends.triton.sweep --out "$OUT" ${SWEEP_ARGS:-} \
         > "$OUT/sweep.out" 2>&1
       echo "sweep rc=$?" >> "$OUT/sweep.out"; tail -25 "$OUT/sweep.out" ;;
+    profile)
+      # Nsight Compute over one call of every CUDA implementation (bench --profile); the CSV
+      # lists one block of metrics per kernel launch, in the order bench --profile prints
+      timeout "$LIMIT" ncu --profile-from-start off --clock-control none \
+        --section SpeedOfLight --section LaunchStats --section Occupancy \
+        --section MemoryWorkloadAnalysis --section WarpStateStats --csv --page details \
+        --log-file "$OUT/ncu.csv" \
+        $PY -m dsv41 bench --device cuda --profile ${PROFILE_ARGS:---tokens 8 65536} > "$OUT/profile.txt" 2>&1
+      echo "profile rc=$?" >> "$OUT/profile.txt"; tail -3 "$OUT/profile.txt" ;;
     sanitize)
       # Triton's and CuTe's kernels only (the C++ CPU backend and the reference run on the host)
       # (memcheck: conformance + fuzz inputs; racecheck, much slower: conformance inputs)

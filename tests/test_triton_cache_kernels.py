@@ -33,6 +33,7 @@ import triton_interp  # noqa: E402  (tests/ is on sys.path: conftest / rootdir i
 
 from dsv41.codecs import (  # noqa: E402
     ceil_log2,
+    e2m1_decode,
     e2m1_encode,
     e4m3_decode,
     e4m3_encode,
@@ -231,6 +232,9 @@ def _probe(x_ptr, out_ptr, n, OP: tl.constexpr, FNUZ: tl.constexpr, SOFT: tl.con
         y = CK._exp2_rn(tl.load(x_ptr + offs, mask=m, other=0.0))
     elif OP == 5:
         y = CK._e2m1_code(tl.load(x_ptr + offs, mask=m, other=0.0)).to(tl.uint8)
+    elif OP == 7:
+        # e2m1 byte (code in the low nibble, junk in the high one) -> value * 2^-14
+        y = CK._e2m1_half(tl.load(x_ptr + offs, mask=m, other=0).to(tl.int32) & 0xFF)
     else:
         y = CK._rsqrt_rn(tl.load(x_ptr + offs, mask=m, other=1.0))
     tl.store(out_ptr + offs, y, mask=m)
@@ -338,6 +342,20 @@ def test_e2m1_code():
                    rnd, torch.tensor([float("nan"), -float("nan")])))
     got = _run_probe(5, x, torch.uint8)
     assert torch.equal(got, e2m1_encode(x))
+
+
+def test_e2m1_half():
+    """The gather's e2m1 decode: every nibble, times every finite e4m3 scale (negative ones
+    and subnormals included), is the reference decode times the scale, bit for bit: code 8
+    (-0) decodes to +0 (finding 1), so +0 * S keeps S's sign, as in the reference."""
+    b = torch.arange(256, dtype=torch.uint8)
+    half = _run_probe(7, b, F32)
+    assert torch.equal(half * 16384.0, e2m1_decode((b & 0xF).to(torch.uint8), signed_zero=False))
+    scales = e4m3_decode(torch.arange(256, dtype=torch.uint8), False)
+    scales = scales[torch.isfinite(scales)]
+    got = half[None, :16] * (scales * 16384.0)[:, None]
+    exp = e2m1_decode(torch.arange(16, dtype=torch.uint8), signed_zero=False)[None, :] * scales[:, None]
+    assert torch.equal(got.view(torch.int32), exp.view(torch.int32))
 
 
 # --------------------------------------------------------------------------------------

@@ -153,16 +153,15 @@ def _ceil_log2(r, EXACT: tl.constexpr):
         man = bits & 0x7FFFFF
         k = ex - 127
         ak = tl.where(k < 0, 0 - k, k)
-        m = ((ak >= 2).to(tl.int32) + (ak >= 4).to(tl.int32) + (ak >= 8).to(tl.int32)
-             + (ak >= 16).to(tl.int32) + (ak >= 32).to(tl.int32) + (ak >= 64).to(tl.int32))
         # fl32(k + log2(1 + j 2^-23)) == k  <=>  j <= floor((2^h - 1) 2^23), h = half an
-        # ulp of |k| (a quarter ulp below a power of two for negative k = -2^m).
-        tpos = tl.where(m == 2, 1, tl.where(m == 3, 2, tl.where(m == 4, 5, tl.where(
-            m == 5, 11, tl.where(m == 6, 22, 0)))))
-        tneg = tl.where(m == 3, 1, tl.where(m == 4, 2, tl.where(m == 5, 5, tl.where(
-            m == 6, 11, 0))))
-        pow2 = (1 << m) == ak
-        thr = tl.where((k < 0) & pow2, tneg, tpos)
+        # ulp of |k| = 2^(m-24) for 2^m <= |k| < 2^(m+1) (a quarter ulp, i.e. m - 1, below a
+        # power of two for negative k = -2^m).  For |k| <= 127 that bound is exactly
+        # floor(ln2 * 2^(m-1)) (0, 0, 1, 2, 5, 11, 22 for m = 0..6): m comes from the exponent
+        # bits of float(|k|), 2^(m-1) is built from bits, one multiply and a truncation.
+        akb = ak.to(tl.float32).to(tl.int32, bitcast=True)
+        eb = (akb >> 23) - ((k < 0) & ((akb & 0x7FFFFF) == 0)).to(tl.int32)  # 127 + m (0 for k = 0)
+        half = (tl.maximum(eb - 1, 0) << 23).to(tl.float32, bitcast=True)  # 2^(m-1) (tiny -> 0)
+        thr = (half * 0.6931471805599453).to(tl.int32)
         e = (k + (man > thr).to(tl.int32)).to(tl.float32)
         return tl.where(ex == 255, r, e)
     else:
@@ -240,10 +239,11 @@ def _bf16_bits(x, SOFT: tl.constexpr):
     if SOFT:
         bits = x.to(tl.int32, bitcast=True)
         r = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        r = tl.where(x != x, 0x7FFF, r)
+        return r.to(tl.int16)
     else:
-        r = x.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
-    r = tl.where(x != x, 0x7FFF, r)
-    return r.to(tl.int16)
+        # cvt.rn.bf16.f32 already writes every NaN as the canonical 0x7FFF
+        return x.to(tl.bfloat16).to(tl.int16, bitcast=True)
 
 
 @triton.jit
@@ -273,18 +273,28 @@ def _e2m1_code(x):
 
 
 @triton.jit
-def _e2m1_value(c):
-    """e2m1 code -> fp32 with finding 1: magnitude code 0 is +0 whatever the sign bit."""
-    m = c & 7
-    ex = m >> 1
-    mag = tl.where(m >= 2, ((ex + 126) << 23) | ((m & 1) << 22),
-                   tl.where(m == 1, 0x3F000000, 0)).to(tl.float32, bitcast=True)
-    return tl.where((c & 8) != 0, 0.0 - mag, mag)
+def _e2m1_half(b):
+    """The e2m1 nibble in bits 0-3 of ``b`` as fp32 times 2^-14, exactly: its three magnitude
+    bits placed at an fp16's bits 11-9 (exponent 1..3 -> 2^-14..2^-12 times 1.m, code 1 the
+    fp16 subnormal 2^-15), the sign at bit 15 only for a non-zero magnitude (finding 1:
+    code 8 decodes to +0), then the exact fp16 -> fp32 conversion.  A few integer operations
+    instead of a select chain per code; times ``S * 2^14`` it is the decoded value."""
+    mag = (b << 9) & 0x0E00
+    sgn = (b << 12) & 0x8000
+    h = mag | (sgn & (mag + 0x7E00))  # bit 15 of mag + 0x7E00 is set iff mag != 0
+    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit
-def _nan_abs(x):
-    return tl.where(x != x, 0.0, tl.abs(x))
+def _nan_abs(x, SOFT: tl.constexpr):
+    """|x| for a NaN-ignoring amax.  On NVIDIA (native conversions) the max reductions
+    compile to ``max.f32``/FMNMX, which already drop a NaN operand (IEEE maxNum; an all-NaN
+    group gives NaN, which every caller's floor ``maximum(amax, c)`` turns into c, as for 0),
+    so |x| is enough; elsewhere NaN -> 0 explicitly."""
+    if SOFT:
+        return tl.where(x != x, 0.0, tl.abs(x))
+    else:
+        return tl.abs(x)
 
 
 @triton.jit
@@ -304,7 +314,11 @@ def _ue8m0_scale(amax, FP8_MAX: tl.constexpr, EXACT_LOG2: tl.constexpr, SANITIZE
 def _ue8m0_apply(x, mult, FP8_MAX: tl.constexpr, FNUZ: tl.constexpr, SOFT: tl.constexpr):
     """x * 2^-e, computed NaN -> +FP8_MAX (finding 3), symmetric clamp, e4m3 byte."""
     y = x * mult
-    y = tl.where(y != y, FP8_MAX, tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX))
+    if FNUZ or SOFT:
+        y = tl.where(y != y, FP8_MAX, tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX))
+    else:
+        # the native cast (cvt.rn.satfinite) saturates |y| > 448 and +-inf to +-448 itself
+        y = tl.where(y != y, FP8_MAX, y)
     return _e4m3_encode(y, FNUZ, SOFT)
 
 
@@ -424,7 +438,7 @@ def _rope_tile(x_ptr, xrow, DIM0: tl.constexpr, cs_ptr, crow, valid, SANITIZE: t
 def _ue8m0_pairs(e, o, EXACT_LOG2: tl.constexpr, SANITIZE: tl.constexpr, SOFT: tl.constexpr):
     """OCP UE8M0 groups over the last axis of even/odd halves ``[BT, NG, HG]`` ->
     (bytes ``[BT, NG, HG, 2]``, codes ``[BT, NG]``)."""
-    amax = tl.maximum(tl.max(_nan_abs(e), axis=2), tl.max(_nan_abs(o), axis=2))
+    amax = tl.maximum(tl.max(_nan_abs(e, SOFT), axis=2), tl.max(_nan_abs(o, SOFT), axis=2))
     mult, code = _ue8m0_scale(amax, 448.0, EXACT_LOG2, SANITIZE)
     m3 = mult[:, :, None]
     q = tl.join(_ue8m0_apply(e, m3, 448.0, False, SOFT), _ue8m0_apply(o, m3, 448.0, False, SOFT))
@@ -435,7 +449,7 @@ def _ue8m0_pairs(e, o, EXACT_LOG2: tl.constexpr, SANITIZE: tl.constexpr, SOFT: t
 def _nvfp4_pairs(e, o, SOFT: tl.constexpr):
     """NVFP4 groups of 16 (spec §2.3) over even/odd halves ``[BT, NG, 8]`` ->
     (packed bytes ``[BT, NG, 8]``, e4m3 scale bytes ``[BT, NG]``)."""
-    amax = tl.maximum(tl.max(_nan_abs(e), axis=2), tl.max(_nan_abs(o), axis=2))
+    amax = tl.maximum(tl.max(_nan_abs(e, SOFT), axis=2), tl.max(_nan_abs(o, SOFT), axis=2))
     sf = tl.minimum(tl.maximum(amax * (1.0 / 6.0), 0.001953125), 448.0)
     sb = _e4m3_encode(sf, False, SOFT)
     S = _e4m3_decode(sb, False, SOFT)[:, :, None]
@@ -467,7 +481,7 @@ def _e2m1_code_of_quotient(x, S):
 
 @triton.jit
 def _quant_insert_kernel(
-    k_ptr, k_stride, cache_ptr, page_stride, slot_ptr, T, block_size,
+    k_ptr, k_stride, cache_ptr, page_stride, slot_ptr, T, block_size: tl.constexpr,
     NG: tl.constexpr, G: tl.constexpr, NQ: tl.constexpr, VB: tl.constexpr, SB: tl.constexpr,
     HAS_TAIL: tl.constexpr, TAIL_I16: tl.constexpr, FNUZ: tl.constexpr, SOFT: tl.constexpr,
     EXACT_LOG2: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -488,7 +502,7 @@ def _quant_insert_kernel(
     x = tl.load(k_ptr + krow[:, None] + d[None, :],
                 mask=tmask[:, None] & (d < NQ * G)[None, :], other=0.0)
     x3 = tl.reshape(x.to(tl.float32), (BLOCK_T, NG, G))
-    mult, code = _ue8m0_scale(tl.max(_nan_abs(x3), axis=2), FP8_MAX, EXACT_LOG2, False)
+    mult, code = _ue8m0_scale(tl.max(_nan_abs(x3, SOFT), axis=2), FP8_MAX, EXACT_LOG2, False)
     q = _ue8m0_apply(x3, mult[:, :, None], FP8_MAX, FNUZ, SOFT)
     tl.store(cache_ptr + vbase[:, None] + d[None, :], tl.reshape(q, (BLOCK_T, W)), mask=qmask)
     g = tl.arange(0, NG)
@@ -532,7 +546,7 @@ def quantize_and_insert_k_cache(k, k_cache, slot_mapping, block_size, use_fnuz, 
 @triton.jit
 def _gather_kernel(
     out_ptr, out_s0, out_s1, cache_ptr, page_stride, seq_lens_ptr, gather_lens_ptr,
-    bt_ptr, bt_s0, block_size, offset,
+    bt_ptr, bt_s0, block_size: tl.constexpr, offset,
     REC: tl.constexpr, HAS_GL: tl.constexpr, TAIL_I16: tl.constexpr, FNUZ: tl.constexpr,
     SOFT: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
@@ -564,10 +578,10 @@ def _gather_kernel(
             g = tl.arange(0, 32)
             sc = tl.load(cache_ptr + (page + block_size * 256 + tok * 32)[:, None] + g[None, :],
                          mask=m[:, None], other=0)
-            S = _e4m3_decode(sc, False, SOFT)
+            S16 = (_e4m3_decode(sc, False, SOFT) * 16384.0)[:, :, None]  # exact: S * 2^14
             pb3 = tl.reshape(pb, (BLOCK_T, 32, 8))
-            lo = _e2m1_value(pb3 & 0xF) * S[:, :, None]
-            hi = _e2m1_value(pb3 >> 4) * S[:, :, None]
+            lo = _e2m1_half(pb3) * S16
+            hi = _e2m1_half(pb3 >> 4) * S16
             v = tl.reshape(tl.join(lo, hi), (BLOCK_T, 512))
             d = tl.arange(0, 512)
             tl.store(o16 + orow[:, None] + d[None, :], _bf16_bits(v, SOFT), mask=m[:, None])
@@ -640,7 +654,7 @@ _MODE_584, _MODE_528, _MODE_288, _MODE_BF16, _MODE_FP8 = 0, 1, 2, 3, 4
 @triton.jit
 def _rope_quant_insert_kernel(
     lat_ptr, lat_s0, pos_ptr, cs_ptr, cs_s0, cache_ptr, page_stride, row_stride, slot_ptr,
-    scale_ptr, T, block_size,
+    scale_ptr, T, block_size: tl.constexpr,
     CR: tl.constexpr, MODE: tl.constexpr, SANITIZE: tl.constexpr, TAIL_I16: tl.constexpr,
     SOFT: tl.constexpr, EXACT_LOG2: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
@@ -667,7 +681,7 @@ def _rope_quant_insert_kernel(
         # 584: NoPE quantized from the *unrotated* latent (7 groups of 64), pad code 0;
         # RoPE dims rotated and stored as bf16.
         x3 = tl.reshape(xn, (BLOCK_T, 8, 64))
-        mult, code = _ue8m0_scale(tl.max(_nan_abs(x3), axis=2), 448.0, EXACT_LOG2, SANITIZE)
+        mult, code = _ue8m0_scale(tl.max(_nan_abs(x3, SOFT), axis=2), 448.0, EXACT_LOG2, SANITIZE)
         q = _ue8m0_apply(x3, mult[:, :, None], 448.0, False, SOFT)
         vbase = page + tok * 576
         tl.store(cache_ptr + vbase[:, None] + d[None, :], tl.reshape(q, (BLOCK_T, 512)),
@@ -806,7 +820,7 @@ def _indexer_store_fp8(cache_ptr, page, o1, d0, q, valid, TILED: tl.constexpr,
 @triton.jit
 def _indexer_k_kernel(
     k_ptr, k_s0, pos_ptr, cs_ptr, cs_s0, w_ptr, eps, cache_ptr, page_stride, slot_ptr, T,
-    block_size,
+    block_size: tl.constexpr,
     CR: tl.constexpr, FP4: tl.constexpr, TILED: tl.constexpr, NPT: tl.constexpr,
     SOFT: tl.constexpr, EXACT_LOG2: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
@@ -850,8 +864,8 @@ def _indexer_k_kernel(
     o1 = o[:, None]
     if FP4:
         # MXFP4: 4 blocks of 32 dims (2 NoPE + 2 RoPE), ue8m0 codes (spec §1.8)
-        an = tl.maximum(tl.max(_nan_abs(ne), axis=2), tl.max(_nan_abs(no), axis=2))
-        ar = tl.maximum(tl.max(_nan_abs(re), axis=2), tl.max(_nan_abs(ro), axis=2))
+        an = tl.maximum(tl.max(_nan_abs(ne, SOFT), axis=2), tl.max(_nan_abs(no, SOFT), axis=2))
+        ar = tl.maximum(tl.max(_nan_abs(re, SOFT), axis=2), tl.max(_nan_abs(ro, SOFT), axis=2))
         xn_ = tl.minimum(tl.maximum(_ceil_log2(tl.maximum(an, 7.052966104933726e-38) * (1.0 / 6.0),
                                                EXACT_LOG2), -127.0), 127.0)
         xr_ = tl.minimum(tl.maximum(_ceil_log2(tl.maximum(ar, 7.052966104933726e-38) * (1.0 / 6.0),
@@ -866,10 +880,10 @@ def _indexer_k_kernel(
                            valid, TILED, NPT, BLOCK_T)
     else:
         # FP8: one block of 128, OCP e4m3fn / 448, fp32 scale 2^e (little-endian bytes)
-        an = tl.maximum(tl.max(tl.max(_nan_abs(ne), axis=2), axis=1),
-                        tl.max(tl.max(_nan_abs(no), axis=2), axis=1))
-        ar = tl.maximum(tl.max(tl.max(_nan_abs(re), axis=2), axis=1),
-                        tl.max(tl.max(_nan_abs(ro), axis=2), axis=1))
+        an = tl.maximum(tl.max(tl.max(_nan_abs(ne, SOFT), axis=2), axis=1),
+                        tl.max(tl.max(_nan_abs(no, SOFT), axis=2), axis=1))
+        ar = tl.maximum(tl.max(tl.max(_nan_abs(re, SOFT), axis=2), axis=1),
+                        tl.max(tl.max(_nan_abs(ro, SOFT), axis=2), axis=1))
         ex = _ceil_log2(tl.maximum(tl.maximum(an, ar), 1e-4) * (1.0 / 448.0), EXACT_LOG2)
         m3 = _exp2i(_neg(ex))[:, None, None]
         qn = tl.join(_e4m3_encode(_clamp_sym(ne * m3, 448.0), False, SOFT),
@@ -927,7 +941,7 @@ def _rmsnorm_store(x, w_ptr, eps, out_ptr, out_s0, t, valid, SOFT: tl.constexpr)
 def _compress_norm_kernel(
     kv_ptr, kv_s0, pos_ptr, st_ptr, st_s0, st_s1, cap, slot_ptr, qsl_ptr, t2r_ptr, w_ptr, eps,
     out_ptr, out_s0, T,
-    CR: tl.constexpr, SOFT: tl.constexpr, BLOCK_T: tl.constexpr,
+    CR: tl.constexpr, SOFT: tl.constexpr, BLOCK_T: tl.constexpr, SPEC: tl.constexpr = False,
 ):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < T
@@ -937,6 +951,31 @@ def _compress_norm_kernel(
     if CR == 1:
         valid = tmask & (slot >= 0)
         x = tl.load(kv_ptr + (t64 * kv_s0)[:, None] + d[None, :], mask=tmask[:, None], other=0.0)
+        _rmsnorm_store(x, w_ptr, eps, out_ptr, out_s0, t, valid, SOFT)
+    elif SPEC:
+        # Decode sizes (latency): every load that does not need another load's value is
+        # issued at once -- slot, position, request, the current and the previous input row
+        # -- and the ring row and the chunk start together after them: two dependent memory
+        # round trips instead of four.  Rows of tokens that turn out not to need them are
+        # read and dropped (a few KB at these sizes).
+        pos = tl.load(pos_ptr + t, mask=tmask, other=0)
+        req = tl.load(t2r_ptr + t, mask=tmask, other=0)
+        cur = (t64 * kv_s0)[:, None] + d[None, :]
+        prev = ((t64 - 1) * kv_s0)[:, None] + d[None, :]
+        has_prev = (tmask & (t > 0))[:, None]
+        kvb = tl.load(kv_ptr + cur, mask=tmask[:, None], other=0.0)
+        sb = tl.load(kv_ptr + cur + 512, mask=tmask[:, None], other=0.0)
+        kvp = tl.load(kv_ptr + prev, mask=has_prev, other=0.0)
+        sp = tl.load(kv_ptr + prev + 512, mask=has_prev, other=0.0)
+        valid = tmask & (slot >= 0) & (pos % 2 == 1)
+        q0 = tl.load(qsl_ptr + req, mask=valid, other=0)
+        s32 = tl.where(valid, slot, 0).to(tl.int32)
+        ring = ((s32 // cap).to(tl.int64) * st_s0
+                + ((pos.to(tl.int32) - 1) % cap).to(tl.int64) * st_s1)[:, None] + d[None, :]
+        kvr = tl.load(st_ptr + ring, mask=valid[:, None], other=0.0)
+        sr = tl.load(st_ptr + ring + 512, mask=valid[:, None], other=0.0)
+        in_m = (valid & (t != q0))[:, None]
+        x = _pool2(tl.where(in_m, kvp, kvr), tl.where(in_m, sp, sr), kvb, sb)
         _rmsnorm_store(x, w_ptr, eps, out_ptr, out_s0, t, valid, SOFT)
     else:
         pos = tl.load(pos_ptr + t, mask=tmask, other=0)
@@ -963,37 +1002,45 @@ def _compress_norm_kernel(
             cur = (t64 * kv_s0)[:, None] + d[None, :]
             kvb = tl.load(kv_ptr + cur, mask=valid[:, None], other=0.0)
             sb = tl.load(kv_ptr + cur + 512, mask=valid[:, None], other=0.0)
-            # softmax over the two rows: the larger score's weight is exp(0) = 1, the
-            # other exp(-|sa - sb|) (sb - sa == -(sa - sb) exactly); a NaN score makes
-            # both NaN
-            z = _neg(tl.abs(sa - sb))
-            small = tl.where(z != z, z, _exp2_rn(z * 1.4426950408889634))
-            ge = sa >= sb
-            ea = tl.where(z != z, small, tl.where(ge, 1.0, small))
-            eb = tl.where(z != z, small, tl.where(ge, small, 1.0))
-            den = ea + eb
-            wa = tl.math.div_rn(ea, den)
-            wb = tl.math.div_rn(eb, den)
-            x = tl.fma(wa, kva, wb * kvb)
+            x = _pool2(kva, sa, kvb, sb)
             _rmsnorm_store(x, w_ptr, eps, out_ptr, out_s0, t, valid, SOFT)
 
 
 @triton.jit
+def _pool2(kva, sa, kvb, sb):
+    """Softmax-weighted pool of the older row a and the newer row b by their scores: the
+    larger score's weight is exp(0) = 1, the other exp(-|sa - sb|) (sb - sa == -(sa - sb)
+    exactly); a NaN score makes both NaN."""
+    z = _neg(tl.abs(sa - sb))
+    small = tl.where(z != z, z, _exp2_rn(z * 1.4426950408889634))
+    ge = sa >= sb
+    ea = tl.where(z != z, small, tl.where(ge, 1.0, small))
+    eb = tl.where(z != z, small, tl.where(ge, small, 1.0))
+    den = ea + eb
+    wa = tl.math.div_rn(ea, den)
+    wb = tl.math.div_rn(eb, den)
+    return tl.fma(wa, kva, wb * kvb)
+
+
+@triton.jit
 def _ring_save_kernel(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, slot_ptr, qsl_ptr, T):
-    """Per request chunk [s, e) whose first slot is >= 0: copy the last min(e-s, cap) rows."""
+    """Program (r, k): row u = e - 1 - k of request chunk [s, e) goes to the ring when it is
+    one of the chunk's last min(e - s, cap) rows, inside the batch (u < T), its slot is >= 0
+    and the chunk's first slot is >= 0.  No loop: the slots and the row load together once
+    s and e are known (two dependent round trips for a decode-sized save)."""
     r = tl.program_id(0)
+    k = tl.program_id(1)
     s = tl.load(qsl_ptr + r)
     e = tl.load(qsl_ptr + r + 1)
-    e_eff = tl.minimum(e, T)
-    first_ok = tl.load(slot_ptr + tl.minimum(tl.maximum(s, 0), T - 1)) >= 0
-    lo = tl.maximum(s, e - cap)
-    if first_ok:
-        c = tl.arange(0, 1024)
-        for u in range(lo, e_eff):
-            sl = tl.load(slot_ptr + u).to(tl.int64)
-            if sl >= 0:
-                row = tl.load(kv_ptr + tl.cast(u, tl.int64) * kv_s0 + c)
-                tl.store(st_ptr + (sl // cap) * st_s0 + (sl % cap) * st_s1 + c, row)
+    c = tl.arange(0, 1024)
+    u = tl.full([1024], 0, tl.int32) + (e - 1 - k)  # the row index, one per lane
+    take = (u >= tl.maximum(s, e - cap)) & (u < T)
+    uc = tl.minimum(tl.maximum(u, 0), T - 1)
+    first = tl.load(slot_ptr + tl.minimum(tl.maximum(s, 0), T - 1) + c * 0)  # one address
+    sl = tl.load(slot_ptr + uc).to(tl.int64)
+    row = tl.load(kv_ptr + uc.to(tl.int64) * kv_s0 + c, mask=take)
+    ok = take & (first >= 0) & (sl >= 0)
+    tl.store(st_ptr + (sl // cap) * st_s0 + (sl % cap) * st_s1 + c, row, mask=ok)
 
 
 def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, query_start_loc,
@@ -1018,12 +1065,12 @@ def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, que
         kv_score, kv_score.stride(0), positions, state_cache, state_cache.stride(0),
         state_cache.stride(1), cap, slot_mapping, query_start_loc, token_to_req_indices,
         rms_norm_weight, eps, latent_out, latent_out.stride(0), T,
-        CR=2, SOFT=soft, BLOCK_T=BT, num_warps=NW,
+        CR=2, SOFT=soft, BLOCK_T=BT, SPEC=T <= launch.DECODE_T, num_warps=NW,
     )
     R = query_start_loc.numel() - 1
-    if R > 0:
+    if R > 0 and cap > 0:
         # after every ring read above (stream order), store the chunks' last rows
-        _ring_save_kernel[(R,)](
+        _ring_save_kernel[(R, cap)](
             kv_score, kv_score.stride(0), state_cache, state_cache.stride(0),
             state_cache.stride(1), cap, slot_mapping, query_start_loc, T,
             num_warps=CONFIG["num_warps"]["ring"],
@@ -1038,6 +1085,10 @@ def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, que
 
 _CUDA = ("sm90", "sm100")
 _HIP = ("gfx942", "gfx950")
+# The writers and the gather take the page size as a constexpr (slot -> page / offset by a
+# constant: a shift for the usual power of two instead of an integer division per token);
+# AOT builds use the V4.1 page size.
+AOT_BLOCK_SIZE = 64
 
 
 def _sig(kernel, types: dict) -> dict:
@@ -1056,31 +1107,31 @@ def _register_aot() -> None:
     nw = CONFIG["num_warps"]
 
     ins_t = {"k_ptr": "*bf16", "k_stride": "i32", "cache_ptr": "*u8", "page_stride": "i32",
-             "slot_ptr": "*i64", "T": "i32", "block_size": "i32"}
+             "slot_ptr": "*i64", "T": "i32"}
     for rec in (584, 528):
         v41 = rec == 528
         for fnuz in (False, True):
             for targets, soft, flav in vendors:
                 add(_quant_insert_kernel, f"{rec},{'fnuz' if fnuz else 'ocp'},{flav}", ins_t, dict(
-                    NG=16 if v41 else 8, G=32 if v41 else 64, NQ=16 if v41 else 7,
+                    block_size=AOT_BLOCK_SIZE, NG=16 if v41 else 8, G=32 if v41 else 64, NQ=16 if v41 else 7,
                     VB=512 if v41 else 576, SB=16 if v41 else 8, HAS_TAIL=not v41, TAIL_I16=True,
                     FNUZ=fnuz, SOFT=soft, EXACT_LOG2=True, BLOCK_T=_shape("insert", rec)[0]),
-                    targets, _shape("insert", rec)[1], ("k_ptr", "k_stride", "cache_ptr", "page_stride", "block_size"))
+                    targets, _shape("insert", rec)[1], ("k_ptr", "k_stride", "cache_ptr", "page_stride"))
 
     gat_t = {"out_ptr": "*bf16", "out_s0": "i32", "out_s1": "i32", "cache_ptr": "*u8",
              "page_stride": "i32", "seq_lens_ptr": "*i32", "gather_lens_ptr": "*i32",
-             "bt_ptr": "*i32", "bt_s0": "i32", "block_size": "i32", "offset": "i32"}
+             "bt_ptr": "*i32", "bt_s0": "i32", "offset": "i32"}
     for rec, flavours in ((584, (False, True)), (528, (False, True)), (288, (False,))):
         for fnuz in flavours:
             for targets, soft, flav in vendors:
                 add(_gather_kernel, f"{rec},{'fnuz' if fnuz else 'ocp'},{flav}", gat_t, dict(
-                    REC=rec, HAS_GL=True, TAIL_I16=True, FNUZ=fnuz, SOFT=soft,
+                    block_size=AOT_BLOCK_SIZE, REC=rec, HAS_GL=True, TAIL_I16=True, FNUZ=fnuz, SOFT=soft,
                     BLOCK_T=_shape("gather", rec)[0]), targets, _shape("gather", rec)[1],
-                    ("out_ptr", "out_s0", "out_s1", "cache_ptr", "page_stride", "block_size"))
+                    ("out_ptr", "out_s0", "out_s1", "cache_ptr", "page_stride"))
 
     rope_t = {"lat_ptr": "*bf16", "lat_s0": "i32", "pos_ptr": "*i64", "cs_ptr": "*fp32",
               "cs_s0": "i32", "cache_ptr": "*u8", "page_stride": "i32", "row_stride": "i32",
-              "slot_ptr": "*i64", "scale_ptr": "*fp32", "T": "i32", "block_size": "i32"}
+              "slot_ptr": "*i64", "scale_ptr": "*fp32", "T": "i32"}
     for mode, name, var in ((_MODE_584, "584", 584), (_MODE_528, "528", 528), (_MODE_288, "288", 288),
                             (_MODE_BF16, "bf16rows", "bf16"), (_MODE_FP8, "fp8rows", "fp8")):
         types = dict(rope_t, cache_ptr="*bf16" if mode == _MODE_BF16 else "*u8")
@@ -1088,23 +1139,22 @@ def _register_aot() -> None:
             for t in targets:
                 sanitize = t == "gfx950" and mode in (_MODE_584, _MODE_528)
                 add(_rope_quant_insert_kernel, f"{name},{flav},{t}", types, dict(
-                    CR=1, MODE=mode, SANITIZE=sanitize, TAIL_I16=True, SOFT=soft, EXACT_LOG2=True,
+                    block_size=AOT_BLOCK_SIZE, CR=1, MODE=mode, SANITIZE=sanitize, TAIL_I16=True, SOFT=soft, EXACT_LOG2=True,
                     BLOCK_T=_shape("rope", var)[0]), (t,), _shape("rope", var)[1], ("lat_ptr", "lat_s0", "cs_ptr", "cs_s0", "cache_ptr", "page_stride",
-                                                 "row_stride", "block_size"))
+                                                 "row_stride"))
 
     idx_t = {"k_ptr": "*bf16", "k_s0": "i32", "pos_ptr": "*i64", "cs_ptr": "*fp32",
              "cs_s0": "i32", "w_ptr": "*bf16", "eps": "fp32", "cache_ptr": "*u8",
-             "page_stride": "i32", "slot_ptr": "*i64", "T": "i32", "block_size": "i32"}
+             "page_stride": "i32", "slot_ptr": "*i64", "T": "i32"}
     layouts = [(_CUDA, False, "native", False, False, 16), (_CUDA, False, "native", True, False, 16)]
     layouts += [(_HIP, True, "soft", fp4, tiled, npt)
                 for fp4, tiled, npt in ((False, False, 16), (True, False, 16), (False, True, 16),
                                         (True, True, 16), (True, True, 32), (True, True, 64))]
     for targets, soft, flav, fp4, tiled, npt in layouts:
         tag = f"{'mxfp4' if fp4 else 'fp8'},{'tiled' + str(npt) if tiled else 'rows'},{flav}"
-        add(_indexer_k_kernel, tag, idx_t, dict(CR=2, FP4=fp4, TILED=tiled, NPT=npt, SOFT=soft,
+        add(_indexer_k_kernel, tag, idx_t, dict(block_size=AOT_BLOCK_SIZE, CR=2, FP4=fp4, TILED=tiled, NPT=npt, SOFT=soft,
                                                 EXACT_LOG2=True, BLOCK_T=_shape("indexer", "mxfp4" if fp4 else "fp8")[0]),
-            targets, _shape("indexer", "mxfp4" if fp4 else "fp8")[1], ("k_ptr", "k_s0", "cs_ptr", "cs_s0", "cache_ptr", "page_stride",
-                                      "block_size"))
+            targets, _shape("indexer", "mxfp4" if fp4 else "fp8")[1], ("k_ptr", "k_s0", "cs_ptr", "cs_s0", "cache_ptr", "page_stride"))
 
     norm_t = {"kv_ptr": "*fp32", "kv_s0": "i32", "pos_ptr": "*i64", "st_ptr": "*fp32",
               "st_s0": "i32", "st_s1": "i32", "cap": "i32", "slot_ptr": "*i64",

@@ -109,7 +109,7 @@ def _remap(v, bs, span):
 # ------------------------------------------------------------------------------ §5
 
 
-@triton.jit(do_not_specialize=["n_tab_rows", "n_tab_cols", "N", "K", "B"])
+@triton.jit(do_not_specialize=["n_tab_rows", "n_tab_cols", "N", "K"])
 def _global_topk_kernel(
     topk_ptr, s_tk0, s_tk1,
     req_ptr, s_req,
@@ -117,9 +117,11 @@ def _global_topk_kernel(
     valid_ptr, s_valid,
     out_ptr, s_out0, s_out1,
     lens_ptr, s_lens,
-    N, K, B,
+    N, K, B: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
+    # B (the page size) is a constexpr: pos // B and pos % B by a constant (a shift and a
+    # mask for a power of two) instead of an integer division per index
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < N
     rows64 = rows.to(tl.int64)
@@ -456,8 +458,8 @@ def _register_aot() -> None:
     i32 = "*i32"
     p = {"topk_ptr": i32, "req_ptr": i32, "table_ptr": i32, "valid_ptr": "*u8",
          "out_ptr": i32, "lens_ptr": i32}
-    for br, bc in ((4, 1024), (64, 64)):
-        c = {"BLOCK_R": br, "BLOCK_C": bc}
+    for br, bc in ((4, 1024), (64, 64), (1, 2048)):
+        c = {"B": 64, "BLOCK_R": br, "BLOCK_C": bc}
         register(AotSpec(f"index_kernels._global_topk_kernel[{br}x{bc}]", _global_topk_kernel,
                          _aot_signature(_global_topk_kernel, p, c), c, num_warps=_NUM_WARPS,
                          divisible=("topk_ptr", "out_ptr")))

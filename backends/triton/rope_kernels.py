@@ -126,11 +126,12 @@ def _rn_bf16(x, CVT_HW: tl.constexpr):
 def _bf16_bits(x, CVT_HW: tl.constexpr):
     """fp32 -> bf16 bits as int32 (RNE); every NaN -> 0x7FFF (the GPU's canonical NaN, F3)."""
     if CVT_HW:
-        b = x.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
+        # cvt.rn.bf16.f32 already writes every NaN as 0x7FFF
+        return x.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
     else:
         u = x.to(tl.uint32, bitcast=True)
         b = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).to(tl.int32)
-    return tl.where(x != x, 0x7FFF, b)
+        return tl.where(x != x, 0x7FFF, b)
 
 
 @triton.jit
@@ -663,11 +664,11 @@ def _kv_rows(kv_ptr, s_kv, kvw_ptr, eps, kvo_ptr, s_kvo, r, T, KS,
         tl.store(kvo_ptr + off, y, mask=m)
 
 
-@triton.jit(do_not_specialize=["T", "Tp", "QS", "KS", "Gq", "Gp", "n_q_tiles"])
+@triton.jit(do_not_specialize=["T", "Tp", "n_q_tiles"])
 def _q_kv_rmsnorm_kernel(
     qr_ptr, s_qr, kv_ptr, s_kv, qw_ptr, kvw_ptr, eps,
     qo_ptr, s_qo, qs_ptr, s_qs, kvo_ptr, s_kvo,
-    T, Tp, QS, KS, Gq, Gp, n_q_tiles,
+    T, Tp, QS: tl.constexpr, KS: tl.constexpr, Gq: tl.constexpr, Gp: tl.constexpr, n_q_tiles,
     BLOCK_T: tl.constexpr, BLOCK_TKV: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_KV: tl.constexpr,
     Q_BF16: tl.constexpr, KV_BF16: tl.constexpr, ACC_F64: tl.constexpr, CVT_HW: tl.constexpr,
@@ -831,12 +832,15 @@ def _register_aot() -> None:
     p = {"qr_ptr": "*bf16", "kv_ptr": "*bf16", "qw_ptr": "*bf16", "kvw_ptr": "*bf16",
          "qo_ptr": "*u8", "qs_ptr": "*u8", "kvo_ptr": "*i16"}
     for hw, targets in ((True, _CUDA), (False, _ALL)):
-        c = {"BLOCK_T": 1, "BLOCK_TKV": 4, "BLOCK_G": 64, "BLOCK_KV": 512, "Q_BF16": True,
+        c = {"QS": 1536, "KS": 512, "Gq": 48, "Gp": 48,
+             "BLOCK_T": 1, "BLOCK_TKV": 4, "BLOCK_G": 64, "BLOCK_KV": 512, "Q_BF16": True,
              "KV_BF16": True, "ACC_F64": True, "CVT_HW": hw}
         register(AotSpec(f"rope_kernels._q_kv_rmsnorm_kernel[1536,512{'-hw' if hw else ''}]",
                          _q_kv_rmsnorm_kernel,
                          _aot_signature(_q_kv_rmsnorm_kernel, p, c, ("eps",)), c,
-                         num_warps=4, targets=targets, divisible=("qr_ptr", "qo_ptr")))
+                         num_warps=4, targets=targets,
+                         divisible=("qr_ptr", "qo_ptr", "kv_ptr", "kvo_ptr", "qw_ptr", "kvw_ptr", "s_qr", "s_qo", "s_kv",
+                                    "s_kvo")))
 
     # §6.3 Q head padding: 32 chunks, H_pad 64.
     c = {"NCH": 32, "BLOCK_R": 8, "BLOCK_W": 1024}
