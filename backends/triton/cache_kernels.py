@@ -94,17 +94,19 @@ CONFIG = {
     "gather_programs": 2048,
     # per-variant shapes (BLOCK_T, num_warps), key "<kernel>:<variant>" (e.g. "rope:288"),
     # and "<kernel>:<variant>:decode" for launches of <= launch.DECODE_T tokens; from the H200
-    # sweep of 2026-12-02 (python -m dsv41.backends.triton.sweep, docs/performance.md):
+    # sweeps of 2026-12-02 (python -m dsv41.backends.triton.sweep, docs/performance.md):
     # best fraction of copy at 65536 tokens, best CUDA-graph replay time at 64 tokens.
+    # The second sweep (after the instruction-count changes, cold-L2 timing,
+    # docs/measurements/h200-sweep-2.txt) moved insert 584, the gathers and rope 528 / 288.
     "variant": {
-        "insert:584": (4, 2), "insert:584:decode": (4, 4),
+        "insert:584": (8, 2), "insert:584:decode": (4, 4),
         "insert:528": (8, 8), "insert:528:decode": (4, 4),
-        "gather:584": (4, 4), "gather:584:decode": (4, 8),
-        "gather:528:decode": (4, 8),
-        "gather:288": (16, 4), "gather:288:decode": (4, 8),
+        "gather:584": (8, 2), "gather:584:decode": (4, 8),
+        "gather:528": (32, 4), "gather:528:decode": (4, 8),
+        "gather:288": (8, 8), "gather:288:decode": (4, 8),
         "rope:584": (4, 4), "rope:584:decode": (4, 4),
-        "rope:528:decode": (4, 4),
-        "rope:288": (4, 4), "rope:288:decode": (1, 8),
+        "rope:528": (4, 2), "rope:528:decode": (4, 4),
+        "rope:288": (8, 4), "rope:288:decode": (1, 8),
         "rope:bf16:decode": (4, 8),
         "indexer:fp8": (32, 8), "indexer:fp8:decode": (8, 4),
         "norm1:None": (1, 2), "norm1:None:decode": (1, 4),
@@ -405,10 +407,12 @@ def _store_i16(cache_ptr, dst, j, bits, valid, TAIL_I16: tl.constexpr):
 @triton.jit
 def _nope_pairs(x4, SANITIZE: tl.constexpr):
     """NoPE pairs through the rotation with (cos, sin) = (1, 0) (finding 2):
-    e' = fma(e, 1, -(o*0)) = e + -(o*0), o' = fma(o, 1, e*0) = o + e*0."""
+    e' = fma(e, 1, -(o*0)) = e + -(o*0), o' = fma(o, 1, e*0) = o + e*0, each one fma:
+    o * -0.0 is exactly -(o*0) (a sign flip of a zero, or NaN for inf / NaN), and the sum
+    with e is exact, so fma(o, -0.0, e) and fma(e, 0.0, o) give the same bits."""
     e, o = tl.split(x4)
-    e2 = e + _neg(o * 0.0)
-    o2 = o + e * 0.0
+    e2 = tl.fma(o, -0.0, e)
+    o2 = tl.fma(e, 0.0, o)
     if SANITIZE:
         e2 = tl.where(e2 != e2, 0.0, e2)
         o2 = tl.where(o2 != o2, 0.0, o2)
