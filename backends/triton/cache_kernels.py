@@ -946,7 +946,13 @@ def _compress_norm_kernel(
     kv_ptr, kv_s0, pos_ptr, st_ptr, st_s0, st_s1, cap, slot_ptr, qsl_ptr, t2r_ptr, w_ptr, eps,
     out_ptr, out_s0, T,
     CR: tl.constexpr, SOFT: tl.constexpr, BLOCK_T: tl.constexpr, SPEC: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:
+        # launched as a PDL secondary: wait for the previous kernel's writes, then let the
+        # ring save (our own PDL secondary) be scheduled while this kernel runs
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < T
     slot = tl.load(slot_ptr + t, mask=tmask, other=-1)
@@ -1027,11 +1033,15 @@ def _pool2(kva, sa, kvb, sb):
 
 
 @triton.jit
-def _ring_save_kernel(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, slot_ptr, qsl_ptr, T):
+def _ring_save_kernel(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, slot_ptr, qsl_ptr, T,
+                      PDL: tl.constexpr = False):
     """Program (r, k): row u = e - 1 - k of request chunk [s, e) goes to the ring when it is
     one of the chunk's last min(e - s, cap) rows, inside the batch (u < T), its slot is >= 0
     and the chunk's first slot is >= 0.  No loop: the slots and the row load together once
-    s and e are known (two dependent round trips for a decode-sized save)."""
+    s and e are known (two dependent round trips for a decode-sized save).  With PDL it
+    waits for the pooling kernel (every ring read) before any memory access."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     r = tl.program_id(0)
     k = tl.program_id(1)
     s = tl.load(qsl_ptr + r)
@@ -1065,19 +1075,23 @@ def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, que
         return
     cap = state_cache.shape[1]
     BT, NW = _shape("norm2", None, T)
+    # decode sizes: PDL, so the ring save's launch overlaps the pooling kernel
+    pdl = T <= launch.DECODE_T and launch.pdl(latent_out.device)
     _compress_norm_kernel[(triton.cdiv(T, BT),)](
         kv_score, kv_score.stride(0), positions, state_cache, state_cache.stride(0),
         state_cache.stride(1), cap, slot_mapping, query_start_loc, token_to_req_indices,
         rms_norm_weight, eps, latent_out, latent_out.stride(0), T,
-        CR=2, SOFT=soft, BLOCK_T=BT, SPEC=T <= launch.DECODE_T, num_warps=NW,
+        CR=2, SOFT=soft, BLOCK_T=BT, SPEC=T <= launch.DECODE_T, PDL=pdl, num_warps=NW,
+        **launch.pdl_kwargs(pdl),
     )
     R = query_start_loc.numel() - 1
     if R > 0 and cap > 0:
-        # after every ring read above (stream order), store the chunks' last rows
+        # after every ring read above (stream order, or the PDL wait), store the chunks'
+        # last rows
         _ring_save_kernel[(R, cap)](
             kv_score, kv_score.stride(0), state_cache, state_cache.stride(0),
-            state_cache.stride(1), cap, slot_mapping, query_start_loc, T,
-            num_warps=CONFIG["num_warps"]["ring"],
+            state_cache.stride(1), cap, slot_mapping, query_start_loc, T, PDL=pdl,
+            num_warps=CONFIG["num_warps"]["ring"], **launch.pdl_kwargs(pdl),
         )
 
 
@@ -1172,8 +1186,15 @@ def _register_aot() -> None:
                 CR=cr, SOFT=soft, BLOCK_T=_shape(f"norm{cr}", None)[0]), targets,
                 _shape(f"norm{cr}", None)[1], ("kv_ptr", "kv_s0", "out_ptr", "out_s0", "st_ptr", "st_s0",
                                                     "st_s1"))
-        add(_ring_save_kernel, flav, ring_t, {}, targets, nw["ring"],
+        add(_ring_save_kernel, flav, ring_t, {"PDL": False}, targets, nw["ring"],
             ("kv_ptr", "kv_s0", "st_ptr", "st_s0", "st_s1"))
+    # the CR-2 decode pair as launched on SM90+ (speculative loads, PDL)
+    add(_compress_norm_kernel, "cr2,native,decode,pdl", norm_t, dict(
+        CR=2, SOFT=False, BLOCK_T=_shape("norm2", None, 1)[0], SPEC=True, PDL=True), _CUDA,
+        _shape("norm2", None, 1)[1], ("kv_ptr", "kv_s0", "out_ptr", "out_s0", "st_ptr", "st_s0",
+                                      "st_s1"))
+    add(_ring_save_kernel, "native,pdl", ring_t, {"PDL": True}, _CUDA, nw["ring"],
+        ("kv_ptr", "kv_s0", "st_ptr", "st_s0", "st_s1"))
 
 
 _register_aot()

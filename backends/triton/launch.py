@@ -1,7 +1,11 @@
-"""Launch sizes shared by the Triton launchers: where decode shapes begin, and the lookup of
-a measured shape (``python -m dsv41.backends.triton.sweep`` chose them; docs/performance.md)."""
+"""Launch choices shared by the Triton launchers: where decode shapes begin, the lookup of a
+measured shape (``python -m dsv41.backends.triton.sweep`` chose them; docs/performance.md),
+and whether a launch uses programmatic dependent launch (PDL)."""
 
 from __future__ import annotations
+
+import functools
+import os
 
 # Launches of at most this many tokens (rows for the index builders) take the shapes measured
 # for latency (CUDA-graph replay at 64 tokens); larger ones those measured for bandwidth.
@@ -16,3 +20,35 @@ def measured(table: dict, key: str, tokens: int | None):
         if hit is not None:
             return hit
     return table.get(key)
+
+
+def pdl(device) -> bool:
+    """Whether a launch on ``device`` uses programmatic dependent launch: NVIDIA SM90+ and a
+    Triton with grid-dependency control (``launch_pdl``, ``tl.extra.cuda.gdc_*``).  A kernel
+    launched that way may be scheduled while the kernel before it in the stream finishes; it
+    calls ``gdc_wait()`` before touching memory, so it still sees everything that kernel
+    wrote, and only the launch latency overlaps.  ``DSV41_PDL=0`` turns it off."""
+    if device.type != "cuda" or os.environ.get("DSV41_PDL", "1") == "0":
+        return False
+    import torch
+
+    if torch.version.hip is not None:
+        return False
+    return _pdl_capable(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _pdl_capable(index: int) -> bool:
+    try:
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
+    except ImportError:
+        return False
+    import torch
+
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def pdl_kwargs(on: bool) -> dict:
+    """Launch keyword for a PDL launch (none otherwise, so Triton builds without the option
+    and the interpreter never see it)."""
+    return {"launch_pdl": True} if on else {}
