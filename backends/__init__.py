@@ -33,12 +33,14 @@ DEFAULT_ORDER = ("cuda:cutedsl", "cuda:triton", "rocm", "xpu", "cpu", "reference
 # (op, arch) -> order, where a measurement on that arch ranked the variants
 # differently from DEFAULT_ORDER (docs/performance.md has the numbers).
 MEASURED_ORDER: dict = {
-    # H200, `python -m dsv41 bench --device cuda` of 2026-12-02 (docs/measurements/
-    # h200-bench.json): the Triton indexer-Q kernel beats the CuTe one at 65536 tokens
-    # (FP8 0.98 vs 0.85 of copy, MXFP4 0.46 vs 0.35) and under CUDA-graph replay at 1-64
-    # tokens (FP8 1.7-2.1 vs 1.8-2.2 us).  The gather keeps DEFAULT_ORDER: CuTe is ahead
-    # at 65536 rows (584: 0.81 vs 0.65, 528: 0.65 vs 0.51).
+    # H200 (sm_90), `python -m dsv41 bench --device cuda`, cold-L2 timing (docs/performance.md,
+    # docs/measurements/h200-bench-3.json): the Triton indexer-Q kernel beats the CuTe one at
+    # 65536 tokens (FP8 0.96 vs 0.84 of copy, MXFP4 0.45 vs 0.35) and under CUDA-graph replay
+    # at 1-64 tokens; the Triton gather too since its launch shapes were re-swept (65536 rows:
+    # 584 0.94 vs 0.77, 528 0.98 vs 0.62, 288 0.60 vs 0.60 before the e2m1 decode change,
+    # 0.92 after) and at decode sizes (1.7-1.8 vs 1.8-2.0 us).
     ("fused_indexer_q_rope_quant", "sm_90"): ("cuda:triton", "cuda:cutedsl", "rocm", "xpu", "cpu", "reference"),
+    ("dequantize_and_gather_k_cache", "sm_90"): ("cuda:triton", "cuda:cutedsl", "rocm", "xpu", "cpu", "reference"),
 }
 
 
