@@ -470,11 +470,16 @@ def _e2m1_code_of_quotient(x, S):
     as t * S, which is exact (<= 4 + 3 significant bits).  That is the same test as on the
     rounded quotient: fp32 values next to t * S are more than S * ulp(t) / 2 away from it,
     so fl(x / S) never rounds onto t.  The sign of x / S is the sign of x (-0 keeps 0x8).
+    The code is the number of thresholds passed; the tests pass monotonically, so three
+    compares in a binary search find it (>= 1.75, then >= 3.5 or >= 0.75, then the odd
+    threshold between, all strict) instead of seven.  ``S`` may be a per-group tensor
+    broadcast over the group: the seven products are then formed once per group.
     """
     a = tl.abs(x)
-    c = ((a > 0.25 * S).to(tl.int32) + (a >= 0.75 * S).to(tl.int32) + (a > 1.25 * S).to(tl.int32)
-         + (a >= 1.75 * S).to(tl.int32) + (a > 2.5 * S).to(tl.int32) + (a >= 3.5 * S).to(tl.int32)
-         + (a > 5.0 * S).to(tl.int32))
+    hi = a >= 1.75 * S
+    mid = a >= tl.where(hi, 3.5 * S, 0.75 * S)
+    lo = a > tl.where(hi, tl.where(mid, 5.0 * S, 2.5 * S), tl.where(mid, 1.25 * S, 0.25 * S))
+    c = hi.to(tl.int32) * 4 + mid.to(tl.int32) * 2 + lo.to(tl.int32)
     return c | ((x.to(tl.int32, bitcast=True) >> 28) & 8)
 
 

@@ -185,14 +185,13 @@ def _ceil_exp_bits(s):
 @triton.jit
 def _e2m1_code(x):
     """fp32 -> e2m1 code 0..15 (RNE on codes, |x| > 6 -> 6, sign bit kept; §1.7)."""
+    # the code counts the thresholds passed (0.25 >, 0.75 >=, 1.25 >, 1.75 >=, 2.5 >, 3.5 >=,
+    # 5 >); they pass monotonically, so a 3-step binary search finds it (NaN passes none)
     a = tl.abs(x)
-    code = (a > 0.25).to(tl.int32)
-    code += (a >= 0.75).to(tl.int32)
-    code += (a > 1.25).to(tl.int32)
-    code += (a >= 1.75).to(tl.int32)
-    code += (a > 2.5).to(tl.int32)
-    code += (a >= 3.5).to(tl.int32)
-    code += (a > 5.0).to(tl.int32)
+    hi = a >= 1.75
+    mid = a >= tl.where(hi, 3.5, 0.75)
+    lo = a > tl.where(hi, tl.where(mid, 5.0, 2.5), tl.where(mid, 1.25, 0.25))
+    code = hi.to(tl.int32) * 4 + mid.to(tl.int32) * 2 + lo.to(tl.int32)
     sign = (x.to(tl.uint32, bitcast=True) >> 31).to(tl.int32)
     return code | (sign << 3)
 
