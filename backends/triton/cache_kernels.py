@@ -510,6 +510,12 @@ def _quant_insert_kernel(
     qmask = valid[:, None] & (d < NQ * G)[None, :]
     x = tl.load(k_ptr + krow[:, None] + d[None, :],
                 mask=tmask[:, None] & (d < NQ * G)[None, :], other=0.0)
+    if HAS_TAIL:
+        # 584: dims NQ*G.. copied verbatim as bf16 bits; loaded up front, since a load
+        # after the stores below could not be moved above them (no alias information)
+        j = tl.arange(0, 64)
+        k16 = k_ptr.to(tl.pointer_type(tl.int16))
+        tail = tl.load(k16 + krow[:, None] + NQ * G + j[None, :], mask=tmask[:, None])
     x3 = tl.reshape(x.to(tl.float32), (BLOCK_T, NG, G))
     mult, code = _ue8m0_scale(tl.max(_nan_abs(x3, SOFT), axis=2), FP8_MAX, EXACT_LOG2, False)
     q = _ue8m0_apply(x3, mult[:, :, None], FP8_MAX, FNUZ, SOFT)
@@ -519,10 +525,6 @@ def _quant_insert_kernel(
     tl.store(cache_ptr + sbase[:, None] + g[None, :], code.to(tl.uint8),
              mask=valid[:, None] & (g < SB)[None, :])
     if HAS_TAIL:
-        # 584: dims NQ*G.. copied verbatim as bf16 bits
-        j = tl.arange(0, 64)
-        k16 = k_ptr.to(tl.pointer_type(tl.int16))
-        tail = tl.load(k16 + krow[:, None] + NQ * G + j[None, :], mask=tmask[:, None])
         _store_i16(cache_ptr, vbase + NQ * G, j, tail, valid, TAIL_I16)
 
 
@@ -615,10 +617,9 @@ def _gather_kernel(
             code = tl.load(cache_ptr + (page + block_size * VB + tok * SB)[:, None] + g[None, :],
                            mask=m[:, None] & (g < NQ)[None, :], other=0).to(tl.int32)
             S = (code << 23).to(tl.float32, bitcast=True)  # 2^(code-127); 0 -> 0, 255 -> inf
-            v3 = tl.reshape(_e4m3_decode(qb, FNUZ, SOFT), (BLOCK_T, NG, G)) * S[:, :, None]
-            v = tl.reshape(v3, (BLOCK_T, NG * G))
-            tl.store(o16 + orow[:, None] + d[None, :], _bf16_bits(v, SOFT), mask=dmask)
             if REC == 584:
+                # the bf16 tail, loaded before any store (a load after a store could not be
+                # moved above it: no alias information)
                 jt = tl.arange(0, 64)
                 src = vbase + NQ * G
                 if TAIL_I16:
@@ -630,6 +631,10 @@ def _gather_kernel(
                     hi = tl.load(cache_ptr + src[:, None] + 2 * jt[None, :] + 1, mask=m[:, None],
                                  other=0).to(tl.int32)
                     tail = (lo | (hi << 8)).to(tl.int16)
+            v3 = tl.reshape(_e4m3_decode(qb, FNUZ, SOFT), (BLOCK_T, NG, G)) * S[:, :, None]
+            v = tl.reshape(v3, (BLOCK_T, NG * G))
+            tl.store(o16 + orow[:, None] + d[None, :], _bf16_bits(v, SOFT), mask=dmask)
+            if REC == 584:
                 tl.store(o16 + orow[:, None] + NQ * G + jt[None, :], tail, mask=m[:, None])
 
 

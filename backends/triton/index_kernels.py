@@ -126,6 +126,10 @@ def _global_topk_kernel(
     rmask = rows < N
     rows64 = rows.to(tl.int64)
     req = tl.load(req_ptr + rows64 * s_req, mask=rmask, other=-1)
+    # loaded before the loop: after its stores the compiler could not move the load up
+    # (the output might alias it), and at decode sizes it would cost one more memory
+    # round trip at the end of the kernel
+    valid = tl.load(valid_ptr + rows64 * s_valid, mask=rmask, other=0)
     count = tl.full([BLOCK_R], 0, tl.int32)
     for k0 in range(0, K, BLOCK_C):
         cols = k0 + tl.arange(0, BLOCK_C)
@@ -137,7 +141,6 @@ def _global_topk_kernel(
                           req[:, None], x, present, B)
         tl.store(out_ptr + rows64[:, None] * s_out0 + cols64 * s_out1, out, mask=m)
         count += _rsum(present.to(tl.int32), axis=1)
-    valid = tl.load(valid_ptr + rows64 * s_valid, mask=rmask, other=0)
     tl.store(lens_ptr + rows64 * s_lens, tl.where(valid != 0, count, 0), mask=rmask)
 
 
