@@ -407,12 +407,13 @@ def _store_i16(cache_ptr, dst, j, bits, valid, TAIL_I16: tl.constexpr):
 @triton.jit
 def _nope_pairs(x4, SANITIZE: tl.constexpr):
     """NoPE pairs through the rotation with (cos, sin) = (1, 0) (finding 2):
-    e' = fma(e, 1, -(o*0)) = e + -(o*0), o' = fma(o, 1, e*0) = o + e*0, each one fma:
-    o * -0.0 is exactly -(o*0) (a sign flip of a zero, or NaN for inf / NaN), and the sum
-    with e is exact, so fma(o, -0.0, e) and fma(e, 0.0, o) give the same bits."""
+    e' = fma(e, 1, -(o*0)) = e + -(o*0), o' = fma(o, 1, e*0) = o + e*0.
+    (Not one ``tl.fma(o, -0.0, e)``: equal in IEEE arithmetic and in the interpreter, but
+    compiled for the H200 it wrote +0 where the reference keeps -0 -- 75 conformance cases
+    failed there; this two-operation form is the one verified on the GPU.)"""
     e, o = tl.split(x4)
-    e2 = tl.fma(o, -0.0, e)
-    o2 = tl.fma(e, 0.0, o)
+    e2 = e + _neg(o * 0.0)
+    o2 = o + e * 0.0
     if SANITIZE:
         e2 = tl.where(e2 != e2, 0.0, e2)
         o2 = tl.where(o2 != o2, 0.0, o2)
