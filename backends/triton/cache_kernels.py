@@ -97,7 +97,8 @@ CONFIG = {
     # sweeps of 2026-12-02 (python -m dsv41.backends.triton.sweep, docs/performance.md):
     # best fraction of copy at 65536 tokens, best CUDA-graph replay time at 64 tokens.
     # The second sweep (after the instruction-count changes, cold-L2 timing,
-    # docs/measurements/h200-sweep-2.txt) moved insert 584, the gathers and rope 528 / 288.
+    # docs/measurements/h200-sweep-2.txt) moved insert 584 and the gathers (its rope 528 / 288
+    # winners, 0.77 / 0.44 against 0.71 / 0.39, wait for a GPU run that checks their bytes).
     "variant": {
         "insert:584": (8, 2), "insert:584:decode": (4, 4),
         "insert:528": (8, 8), "insert:528:decode": (4, 4),
@@ -105,8 +106,8 @@ CONFIG = {
         "gather:528": (32, 4), "gather:528:decode": (4, 8),
         "gather:288": (8, 8), "gather:288:decode": (4, 8),
         "rope:584": (4, 4), "rope:584:decode": (4, 4),
-        "rope:528": (4, 2), "rope:528:decode": (4, 4),
-        "rope:288": (8, 4), "rope:288:decode": (1, 8),
+        "rope:528:decode": (4, 4),
+        "rope:288": (4, 4), "rope:288:decode": (1, 8),
         "rope:bf16:decode": (4, 8),
         "indexer:fp8": (32, 8), "indexer:fp8:decode": (8, 4),
         "norm1:None": (1, 2), "norm1:None:decode": (1, 4),
@@ -471,16 +472,14 @@ def _e2m1_code_of_quotient(x, S):
     as t * S, which is exact (<= 4 + 3 significant bits).  That is the same test as on the
     rounded quotient: fp32 values next to t * S are more than S * ulp(t) / 2 away from it,
     so fl(x / S) never rounds onto t.  The sign of x / S is the sign of x (-0 keeps 0x8).
-    The code is the number of thresholds passed; the tests pass monotonically, so three
-    compares in a binary search find it (>= 1.75, then >= 3.5 or >= 0.75, then the odd
-    threshold between, all strict) instead of seven.  ``S`` may be a per-group tensor
-    broadcast over the group: the seven products are then formed once per group.
+    (A three-compare binary search over the thresholds, as in rope_kernels._e2m1_code, cuts
+    this writer from 703 to 506 warp-instructions per token; it is not used until its bytes
+    are verified on the H200 -- docs/gpu.md, next session.)
     """
     a = tl.abs(x)
-    hi = a >= 1.75 * S
-    mid = a >= tl.where(hi, 3.5 * S, 0.75 * S)
-    lo = a > tl.where(hi, tl.where(mid, 5.0 * S, 2.5 * S), tl.where(mid, 1.25 * S, 0.25 * S))
-    c = hi.to(tl.int32) * 4 + mid.to(tl.int32) * 2 + lo.to(tl.int32)
+    c = ((a > 0.25 * S).to(tl.int32) + (a >= 0.75 * S).to(tl.int32) + (a > 1.25 * S).to(tl.int32)
+         + (a >= 1.75 * S).to(tl.int32) + (a > 2.5 * S).to(tl.int32) + (a >= 3.5 * S).to(tl.int32)
+         + (a > 5.0 * S).to(tl.int32))
     return c | ((x.to(tl.int32, bitcast=True) >> 28) & 8)
 
 
