@@ -14,11 +14,12 @@ CHEAP_OPS = ("compute_global_topk_indices_and_lens", "combine_topk_swa_indices")
 KEYS = {
     "op", "variant", "name", "backend", "tokens", "seconds", "bytes", "gbps", "copy_gbps",
     "fraction_of_copy", "speedup_vs_reference", "graph_seconds", "copy_graph_seconds",
-    "graph_fraction_of_copy",
+    "graph_fraction_of_copy", "host_seconds",
     "timed_calls", "device",
 }
 POSITIVE = ("seconds", "bytes", "gbps", "copy_gbps", "fraction_of_copy")
-POSITIVE_OR_NULL = ("speedup_vs_reference", "graph_seconds", "copy_graph_seconds", "graph_fraction_of_copy")
+POSITIVE_OR_NULL = ("speedup_vs_reference", "graph_seconds", "copy_graph_seconds", "graph_fraction_of_copy",
+                    "host_seconds")
 
 
 def _positive(x) -> bool:
@@ -55,9 +56,17 @@ def test_bench_json_schema(tmp_path, capsys):
         else:
             assert _positive(r["speedup_vs_reference"])
     out = capsys.readouterr().out
-    assert "frac_copy" in out and "vs_ref" in out
+    assert "frac_copy" in out and "vs_ref" in out and "host_us" in out
     for op in CHEAP_OPS:
         assert op in out
+    # host time is a GPU figure (CPU calls are timed on the host already)
+    assert all(r["host_seconds"] is None for r in records if r["device"] == "cpu")
+
+
+def test_bench_profile_needs_cuda(capsys):
+    """--profile is for ``ncu --profile-from-start off`` on a CUDA device; elsewhere it says so."""
+    assert bench.main(["--profile", "--device", "cpu", "--op", CHEAP_OPS[0], "--tokens", "8"]) == 2
+    assert "--profile needs --device cuda" in capsys.readouterr().err
 
 
 def test_bench_variant_selection():

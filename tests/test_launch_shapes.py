@@ -48,3 +48,17 @@ def test_large_launch_shapes(case, impl, monkeypatch):
             continue
         w, g = written_bytes(want[i]), written_bytes(got[i])
         assert w.numel() == g.numel() and torch.equal(w, g), f"arg {i}: {int((w != g).sum())} bytes differ"
+
+
+def test_pdl_only_on_cuda_and_switchable(monkeypatch):
+    """Programmatic dependent launch is a CUDA (SM90+) launch attribute: never for other
+    devices, and ``DSV41_PDL=0`` turns it off (the kernels then run in plain stream order)."""
+    assert launch.pdl(torch.device("cpu")) is False
+    assert launch.pdl_kwargs(False) == {}
+    assert launch.pdl_kwargs(True) == {"launch_pdl": True}
+    monkeypatch.setenv("DSV41_PDL", "0")
+    assert launch.pdl(torch.device("cuda", 0)) is False
+    if torch.cuda.is_available() and torch.version.hip is None:
+        monkeypatch.setenv("DSV41_PDL", "1")
+        launch._pdl_capable.cache_clear()
+        assert launch.pdl(torch.device("cuda", 0)) == (torch.cuda.get_device_capability(0)[0] >= 9)
