@@ -551,9 +551,10 @@ class _Timer:
         return statistics.median(s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)), n
 
     def host(self, fn: Callable[[], None], calls: int = 200) -> float:
-        """Host seconds per call when ``calls`` calls are enqueued back to back behind a long
-        device-side sleep (so the GPU never waits for the host and the queue never fills): the
-        launch path's own cost, argument handling included."""
+        """Host seconds per call when ``calls`` calls are enqueued back to back (first behind a
+        ~1 ms device-side sleep, so the earliest launches do not find an idle GPU): the launch
+        path's own cost, argument handling included.  Launches are asynchronous and these
+        kernels are short, so the host never waits for the device here."""
         self.sync()
         if self.device.type == "cuda":
             torch.cuda._sleep(FLUSH_SLEEP_CYCLES * 20)

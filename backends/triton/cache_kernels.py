@@ -977,7 +977,9 @@ def _compress_norm_kernel(
         # issued at once -- slot, position, request, the current and the previous input row
         # -- and the ring row and the chunk start together after them: two dependent memory
         # round trips instead of four.  Rows of tokens that turn out not to need them are
-        # read and dropped (a few KB at these sizes).
+        # read and dropped (a few KB at these sizes); the ring row of every token with a
+        # slot is inside the state cache by the op's contract (ring slots < rows * capacity,
+        # docs/bad_input.md), so the early ring read stays in bounds.
         pos = tl.load(pos_ptr + t, mask=tmask, other=0)
         req = tl.load(t2r_ptr + t, mask=tmask, other=0)
         cur = (t64 * kv_s0)[:, None] + d[None, :]
