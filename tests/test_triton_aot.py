@@ -66,3 +66,20 @@ def test_registry_shape():
     for s in aot.AOT_SPECS:
         assert set(s.targets) <= set(aot.TARGETS), s.name
         assert set(s.signature) == set(s.kernel.arg_names), s.name
+
+
+@pytest.mark.skipif(_interpreted(), reason="compiled kernels only (run without TRITON_INTERPRET)")
+def test_sass_instruction_mix():
+    """``python -m dsv41.backends.triton.sass``: the sm_90 build of one writer disassembles into
+    a plausible instruction mix (the counts docs/performance.md quotes come from this tool)."""
+    from dsv41.backends.triton import aot, sass
+
+    aot.discover()
+    spec = next(s for s in aot.AOT_SPECS if s.name == "cache_kernels._quant_insert_kernel[528,ocp,native]")
+    ops, text = sass.mix(spec, "sm90")
+    total = sum(ops.values())
+    assert 50 < total < 5000, total
+    # the native OCP path packs fp8 pairs with the saturating convert and stores 16 bytes at once
+    assert any(op.startswith("F2FP.SATFINITE.E4M3") for op in ops), ops.most_common(10)
+    assert any(op.startswith("STG.E.128") for op in ops), ops.most_common(10)
+    assert "EXIT" in ops and "NOP" not in ops
