@@ -62,3 +62,26 @@ def test_pdl_only_on_cuda_and_switchable(monkeypatch):
         monkeypatch.setenv("DSV41_PDL", "1")
         launch._pdl_capable.cache_clear()
         assert launch.pdl(torch.device("cuda", 0)) == (torch.cuda.get_device_capability(0)[0] >= 9)
+
+
+def test_host_integer_helpers_and_span():
+    """The launchers' host math: ``cdiv`` / ``pow2`` equal Triton's, and ``rope_kernels._span``
+    (int32 vs int64 offsets) is the largest element offset a tensor view reaches."""
+    import triton
+
+    from dsv41.backends.triton import rope_kernels
+
+    for a in range(0, 300):
+        for b in (1, 2, 3, 7, 64, 128):
+            assert launch.cdiv(a, b) == triton.cdiv(a, b)
+        assert launch.pow2(a) == triton.next_power_of_2(max(a, 1))
+    base = torch.zeros(6, 10, 4)
+    views = [base, base.transpose(0, 2), base[2:, 3:7, ::2], base[:, 5], base[1:1], base.view(-1)[7:30]]
+    for v in views:
+        if v.numel() == 0:
+            want = 0
+        else:
+            idx = torch.arange(base.numel()).view(base.shape).as_strided(v.shape, v.stride(), v.storage_offset())
+            want = int(idx.max())
+        assert rope_kernels._span(v) == want, (v.shape, v.stride())
+    assert rope_kernels._span(None, *views) == base.numel() - 1

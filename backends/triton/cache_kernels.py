@@ -539,7 +539,7 @@ def quantize_and_insert_k_cache(k, k_cache, slot_mapping, block_size, use_fnuz, 
     v41 = bytes_per_token == 528
     BT, NW = _shape("insert", bytes_per_token, T)
     page_stride = k_cache.stride(0)
-    _quant_insert_kernel[(triton.cdiv(T, BT),)](
+    _quant_insert_kernel[(launch.cdiv(T, BT),)](
         k, k.stride(0), k_cache, page_stride, slot_mapping, T, block_size,
         NG=16 if v41 else 8, G=32 if v41 else 64, NQ=16 if v41 else 7,
         VB=512 if v41 else 576, SB=16 if v41 else 8,
@@ -646,7 +646,7 @@ def dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_tab
         return
     rec = k_cache.shape[-1]
     BT, NW = _shape("gather", rec, rows * R)
-    workers = max(1, min(triton.cdiv(rows, BT), triton.cdiv(CONFIG["gather_programs"], R)))
+    workers = max(1, min(launch.cdiv(rows, BT), launch.cdiv(CONFIG["gather_programs"], R)))
     page_stride = k_cache.stride(0)
     _gather_kernel[(R, workers)](
         out, out.stride(0), out.stride(1), k_cache, page_stride, seq_lens,
@@ -781,7 +781,7 @@ def rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, 
     page_stride = kv_cache.stride(0)
     BT, NW = _shape("rope", {_MODE_584: 584, _MODE_528: 528, _MODE_288: 288, _MODE_BF16: "bf16",
                              _MODE_FP8: "fp8"}[mode], T)
-    _rope_quant_insert_kernel[(triton.cdiv(T, BT),)](
+    _rope_quant_insert_kernel[(launch.cdiv(T, BT),)](
         latent, latent.stride(0), positions, cos_sin_cache, cos_sin_cache.stride(0), cache,
         page_stride, kv_cache.stride(1), slot_mapping,
         fp8_scale if fp8_scale is not None else slot_mapping, T, B,
@@ -921,7 +921,7 @@ def indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, rms_norm_weight, 
         return
     fp4 = bool(use_fp4_cache)
     BT, NW = _shape("indexer", "mxfp4" if fp4 else "fp8", T)
-    _indexer_k_kernel[(triton.cdiv(T, BT),)](
+    _indexer_k_kernel[(launch.cdiv(T, BT),)](
         k_pre, k_pre.stride(0), positions, cos_sin_cache, cos_sin_cache.stride(0),
         rms_norm_weight, float(rms_norm_eps), k_cache, k_cache.stride(0), kv_slot_mapping, T,
         k_cache.shape[1],
@@ -1079,7 +1079,7 @@ def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, que
     eps = float(rms_norm_eps)
     if compress_ratio == 1:
         BT, NW = _shape("norm1", None, T)
-        _compress_norm_kernel[(triton.cdiv(T, BT),)](
+        _compress_norm_kernel[(launch.cdiv(T, BT),)](
             kv_score, kv_score.stride(0), slot_mapping, kv_score, 0, 0, 1, slot_mapping,
             slot_mapping, slot_mapping, rms_norm_weight, eps, latent_out, latent_out.stride(0), T,
             CR=1, SOFT=soft, BLOCK_T=BT, num_warps=NW,
@@ -1089,7 +1089,7 @@ def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, que
     BT, NW = _shape("norm2", None, T)
     # decode sizes: PDL, so the ring save's launch overlaps the pooling kernel
     pdl = T <= launch.DECODE_T and launch.pdl(latent_out.device)
-    _compress_norm_kernel[(triton.cdiv(T, BT),)](
+    _compress_norm_kernel[(launch.cdiv(T, BT),)](
         kv_score, kv_score.stride(0), positions, state_cache, state_cache.stride(0),
         state_cache.stride(1), cap, slot_mapping, query_start_loc, token_to_req_indices,
         rms_norm_weight, eps, latent_out, latent_out.stride(0), T,

@@ -53,7 +53,7 @@ def _cfg(op: str, block_r: int, block_c: int) -> tuple[int, int, int]:
 
 
 def _pow2(n: int) -> int:
-    return triton.next_power_of_2(max(int(n), 1))
+    return launch.pow2(n)
 
 
 def _tile(rows: int, cols: int, max_cols: int = 1024) -> tuple[int, int]:
@@ -162,7 +162,7 @@ def compute_global_topk_indices_and_lens(
     if cfg:
         block_r, block_c, warps = cfg["BLOCK_R"], cfg["BLOCK_C"], cfg["num_warps"]
     valid = is_valid_token.view(torch.uint8) if is_valid_token.dtype == torch.bool else is_valid_token
-    _global_topk_kernel[(triton.cdiv(N, block_r),)](
+    _global_topk_kernel[(launch.cdiv(N, block_r),)](
         topk_indices, topk_indices.stride(0), topk_indices.stride(1),
         token_to_req_indices, token_to_req_indices.stride(0),
         block_table, *_table_strides(block_table),
@@ -256,7 +256,7 @@ def combine_topk_swa_indices(
     R = seq_lens.shape[0]
     W_out = combined_indices.shape[1]
     block_r, block_c, warps = _row_shape("combine_topk_swa_indices", T, W_out)
-    _combine_topk_swa_kernel[(triton.cdiv(T, block_r),)](
+    _combine_topk_swa_kernel[(launch.cdiv(T, block_r),)](
         topk_indices, topk_indices.stride(0), topk_indices.stride(1), topk_indices.shape[1],
         query_start_loc, query_start_loc.stride(0),
         seq_lens, seq_lens.stride(0),
@@ -416,8 +416,8 @@ def build_flashinfer_mixed_sparse_indices(
 
     block_r, block_c, warps = _row_shape("build_flashinfer_mixed_sparse_indices", D + P,
                                          max(W_swa, PT, 1))
-    n_dec_tiles = triton.cdiv(D, block_r)
-    grid = (n_dec_tiles + triton.cdiv(P, block_r),)
+    n_dec_tiles = launch.cdiv(D, block_r)
+    grid = (n_dec_tiles + launch.cdiv(P, block_r),)
     _flashinfer_mixed_kernel[grid](
         decode_swa_indices, decode_swa_indices.stride(0), decode_swa_indices.stride(1),
         dci, dci.stride(0), dci.stride(1), K_dec,

@@ -52,3 +52,18 @@ def pdl_kwargs(on: bool) -> dict:
     """Launch keyword for a PDL launch (none otherwise, so Triton builds without the option
     and the interpreter never see it)."""
     return {"launch_pdl": True} if on else {}
+
+
+# Host-side integer helpers for the launchers.  ``triton.cdiv`` / ``triton.next_power_of_2``
+# are constexpr functions in recent Triton, and calling one from Python goes through
+# argument unwrapping (~1-2 us each, several per launch); these are plain integer math.
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for non-negative ints."""
+    return -(-int(a) // int(b))
+
+
+def pow2(n: int) -> int:
+    """The smallest power of two >= max(n, 1)."""
+    return 1 << (max(int(n), 1) - 1).bit_length()

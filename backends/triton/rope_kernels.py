@@ -98,7 +98,7 @@ def use_hw_convert(device: torch.device) -> bool:
 
 
 def _pow2(n: int) -> int:
-    return triton.next_power_of_2(max(int(n), 1))
+    return launch.pow2(n)
 
 
 # ============================================================================ helpers
@@ -359,9 +359,14 @@ def _target(total_elems: int, big: int, big_warps: int) -> tuple[int, int]:
 def _span(*tensors) -> int:
     """Largest element offset any of the tensors reaches (decides int32 vs int64 offsets)."""
     m = 0
-    for t in tensors:
-        if t is not None and t.numel() > 0:
-            m = max(m, t.storage_offset() + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())))
+    for t in tensors:  # plain loops: this runs on every launch (host time)
+        if t is None or t.numel() == 0:
+            continue
+        off = t.storage_offset()
+        for n, st in zip(t.shape, t.stride()):
+            off += (n - 1) * (st if st >= 0 else -st)
+        if off > m:
+            m = off
     return m
 
 
@@ -403,7 +408,7 @@ def fused_indexer_q_rope_quant(
     split = not use_fp4 and _is_pow2(nope) and _is_pow2(R) and nope >= 2
     off64 = _span(index_q, out, sc if use_fp4 else None, cos_sin_cache, index_weights, wo,
                   positions) >= _I32_SAFE
-    grid = (triton.cdiv(T, bt), triton.cdiv(H, bh))
+    grid = (launch.cdiv(T, bt), launch.cdiv(H, bh))
     _indexer_q_kernel[grid](
         positions, positions.stride(0),
         index_q, index_q.stride(0), index_q.stride(1),
@@ -560,7 +565,7 @@ def fused_inv_rope_fp8_quant(
     cfg = _launch_shape("fused_inv_rope_fp8_quant", T)
     if cfg:
         bt, bh, warps = cfg["BLOCK_T"], cfg["BLOCK_H"], cfg["num_warps"]
-    grid = (triton.cdiv(Ta, bt), triton.cdiv(NH, bh))
+    grid = (launch.cdiv(Ta, bt), launch.cdiv(NH, bh))
     _inv_rope_kernel[grid](
         o, o.stride(0), o.stride(1),
         positions, positions.stride(0),
@@ -715,8 +720,8 @@ def fused_q_kv_rmsnorm_quant(qr, kv, q_weight, kv_weight, eps, q_out, q_scale_ou
     kv_bf16 = kv_out.dtype == torch.bfloat16
     kvo = kv_out.view(torch.int16) if kv_bf16 else kv_out
     qo = q_out.view(torch.uint8)
-    n_q_tiles = triton.cdiv(Tp, bt)
-    grid = (n_q_tiles + triton.cdiv(T, bt_kv),)
+    n_q_tiles = launch.cdiv(Tp, bt)
+    grid = (n_q_tiles + launch.cdiv(T, bt_kv),)
     _q_kv_rmsnorm_kernel[grid](
         qr, qr.stride(0), kv, kv.stride(0), q_weight, kv_weight, float(eps),
         qo, qo.stride(0), q_scale_out, q_scale_out.stride(0), kvo, kvo.stride(0),
@@ -769,7 +774,7 @@ def pad_fused_q_heads(q, out):
     if cfg:
         block_r, warps = cfg["BLOCK_R"], cfg["num_warps"]
     n_rows = T * nch
-    _pad_q_heads_kernel[(triton.cdiv(n_rows, block_r),)](
+    _pad_q_heads_kernel[(launch.cdiv(n_rows, block_r),)](
         qi, q.stride(0), oi, out.stride(0), n_rows, W_in, W_out,
         NCH=nch, BLOCK_R=block_r, BLOCK_W=block_w, num_warps=warps,
     )

@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import launch
+
 __all__ = ["transcode_k_cache"]
 
 # width -> (VB value bytes, SB scale bytes, NG fp8 groups, G bytes per group, TAIL verbatim
@@ -36,7 +38,7 @@ _TILE_ELEMS = 4096  # value bytes (incl. masked group padding) per program
 
 
 def _pow2(n: int) -> int:
-    return triton.next_power_of_2(max(int(n), 1))
+    return launch.pow2(n)
 
 
 # ------------------------------------------------------------------ byte maps (int32 in/out)
@@ -191,7 +193,7 @@ def transcode_k_cache(
         return
     B = int(block_size)
     c = _config(width, B)
-    grid = (n, triton.cdiv(B, c["BT"]))
+    grid = (n, launch.cdiv(B, c["BT"]))
     _transcode_kernel[grid](
         src, src.stride(0), dst, dst.stride(0), block_ids, block_ids.stride(0),
         min(src.shape[0], dst.shape[0]), B,
