@@ -1,6 +1,7 @@
 """Launch choices shared by the Triton launchers: where decode shapes begin, the lookup of a
 measured shape (``python -m dsv41.backends.triton.sweep`` chose them; docs/performance.md),
-and whether a launch uses programmatic dependent launch (PDL)."""
+whether a launch uses programmatic dependent launch (PDL), and the launchers' host-side integer
+helpers."""
 
 from __future__ import annotations
 

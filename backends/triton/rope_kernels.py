@@ -845,8 +845,8 @@ def _register_aot() -> None:
                          _q_kv_rmsnorm_kernel,
                          _aot_signature(_q_kv_rmsnorm_kernel, p, c, ("eps",)), c,
                          num_warps=4, targets=targets,
-                         divisible=("qr_ptr", "qo_ptr", "kv_ptr", "kvo_ptr", "qw_ptr", "kvw_ptr", "s_qr", "s_qo", "s_kv",
-                                    "s_kvo")))
+                         divisible=("qr_ptr", "qo_ptr", "kv_ptr", "kvo_ptr", "qw_ptr", "kvw_ptr",
+                                    "s_qr", "s_qo", "s_kv", "s_kvo")))
 
     # §6.3 Q head padding: 32 chunks, H_pad 64.
     c = {"NCH": 32, "BLOCK_R": 8, "BLOCK_W": 1024}
