@@ -43,7 +43,9 @@ for step in $STEPS; do
       timeout "$LIMIT" $PY -m pytest -q -p no:cacheprovider tests/test_fuzz.py -k "impl_matches and cuda${FUZZ_K:+ and ($FUZZ_K)}" \
         > "$OUT/fuzz.txt" 2>&1
       echo "fuzz rc=$?" >> "$OUT/fuzz.txt"
-      tail -n 3 "$OUT/pytest.txt"; tail -n 3 "$OUT/fuzz.txt" ;;
+      # the failing test names in one small file (a call brings back only a few files)
+      grep -h -E "^(FAILED|ERROR) " "$OUT/pytest.txt" "$OUT/fuzz.txt" > "$OUT/failed.txt" || true
+      tail -n 3 "$OUT/pytest.txt"; tail -n 3 "$OUT/fuzz.txt"; echo "failed tests: $(wc -l < "$OUT/failed.txt")" ;;
     check)
       timeout "$LIMIT" $PY -m dsv41 check --device cuda --all > "$OUT/check.txt" 2>&1
       echo "check rc=$?" >> "$OUT/check.txt"; tail -2 "$OUT/check.txt" ;;
