@@ -35,10 +35,10 @@ DEFAULT_ORDER = ("cuda:cutedsl", "cuda:triton", "rocm", "xpu", "cpu", "reference
 MEASURED_ORDER: dict = {
     # H200 (sm_90), `python -m dsv41 bench --device cuda`, cold-L2 timing (docs/performance.md,
     # docs/measurements/h200-bench-3.json): the Triton indexer-Q kernel beats the CuTe one at
-    # 65536 tokens (FP8 0.96 vs 0.84 of copy, MXFP4 0.45 vs 0.35) and under CUDA-graph replay
-    # at 1-64 tokens; the Triton gather too since its launch shapes were re-swept (65536 rows:
-    # 584 0.94 vs 0.77, 528 0.98 vs 0.62, 288 0.60 vs 0.60 before the e2m1 decode change,
-    # 0.92 after) and at decode sizes (1.7-1.8 vs 1.8-2.0 us).
+    # 65536 tokens (FP8 0.96 vs 0.84 of copy, MXFP4 0.52 vs 0.35) and under CUDA-graph replay
+    # at 1-64 tokens; the Triton gather too (65536 rows: 584 0.97 vs 0.74, 528 1.03 vs 0.63,
+    # 288 0.96 vs 0.97, a tie; CUDA-graph replay at 1-64 tokens: 584 / 528 1.5-1.7 vs
+    # 1.9-2.6 us, 288 1.6-1.8 for both).
     ("fused_indexer_q_rope_quant", "sm_90"): ("cuda:triton", "cuda:cutedsl", "rocm", "xpu", "cpu", "reference"),
     ("dequantize_and_gather_k_cache", "sm_90"): ("cuda:triton", "cuda:cutedsl", "rocm", "xpu", "cpu", "reference"),
 }
