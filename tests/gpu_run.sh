@@ -38,14 +38,15 @@ for step in $STEPS; do
     tests)
       timeout "$LIMIT" $PY -m pytest -q -p no:cacheprovider -m "not slow" \
         tests/test_conformance.py tests/test_golden.py tests/test_gpu.py tests/test_interchange.py \
-        tests/test_transcode.py tests/test_launch_shapes.py tests/test_nvfp4_quotient.py ${GPU_PYTEST_ARGS:-} > "$OUT/pytest.txt" 2>&1
+        tests/test_transcode.py tests/test_launch_shapes.py tests/test_nvfp4_quotient.py \
+        tests/test_triton_cache_kernels.py ${GPU_PYTEST_ARGS:-} > "$OUT/pytest.txt" 2>&1
       echo "pytest rc=$?" >> "$OUT/pytest.txt"
       timeout "$LIMIT" $PY -m pytest -q -p no:cacheprovider tests/test_fuzz.py -k "impl_matches and cuda${FUZZ_K:+ and ($FUZZ_K)}" \
         > "$OUT/fuzz.txt" 2>&1
       echo "fuzz rc=$?" >> "$OUT/fuzz.txt"
       # the failing test names in one small file (a call brings back only a few files)
-      grep -h -E "^(FAILED|ERROR) " "$OUT/pytest.txt" "$OUT/fuzz.txt" > "$OUT/failed.txt" || true
-      tail -n 3 "$OUT/pytest.txt"; tail -n 3 "$OUT/fuzz.txt"; echo "failed tests: $(wc -l < "$OUT/failed.txt")" ;;
+      { tail -n 2 "$OUT/pytest.txt" "$OUT/fuzz.txt"; grep -h -E "^(FAILED|ERROR) " "$OUT/pytest.txt" "$OUT/fuzz.txt"; } > "$OUT/failed.txt" || true
+      tail -n 3 "$OUT/pytest.txt"; tail -n 3 "$OUT/fuzz.txt"; echo "failed tests: $(grep -c -E "^(FAILED|ERROR) " "$OUT/failed.txt")" ;;
     check)
       timeout "$LIMIT" $PY -m dsv41 check --device cuda --all > "$OUT/check.txt" 2>&1
       echo "check rc=$?" >> "$OUT/check.txt"; tail -2 "$OUT/check.txt" ;;

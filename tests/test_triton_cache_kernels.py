@@ -455,10 +455,15 @@ def test_gather_misaligned_narrow_grid(flavour, width):
 # --------------------------------------------------------------------------------------
 
 
-def _rope_args(kind, cr, sanitize, cs_dtype=F32, seed=0, misaligned=False):
+def _rope_args(kind, cr, sanitize, cs_dtype=F32, seed=0, misaligned=False, odd_latent=False):
     B, nb, T = 16, 3, 20
     lat = _rows(T + 2, seed=seed, nonfinite=True)
     lat[T:] = float("nan")
+    if odd_latent:
+        # contiguous rows at an odd bf16 offset: not 4-byte aligned, read element-wise
+        buf = torch.full(((T + 2) * 512 + 1,), float("nan"), dtype=lat.dtype)
+        buf[1:] = lat.flatten()
+        lat = buf[1:].view(T + 2, 512)
     pos = torch.arange(T + 2, dtype=torch.int64) + 5
     g = torch.Generator().manual_seed(seed)
     slots = torch.randperm(nb * B, generator=g)[:T]
@@ -468,7 +473,7 @@ def _rope_args(kind, cr, sanitize, cs_dtype=F32, seed=0, misaligned=False):
         cache = _paged(nb, B, kind, pad=7 if misaligned else 512, offset=1 if misaligned else 0)
     else:
         dt = BF16 if kind == "bf16" else torch.float8_e4m3fn
-        base = torch.full((nb, B, 520), 0, dtype=dt)
+        base = torch.full((nb, B, 521 if misaligned else 520), 0, dtype=dt)  # 521: odd rows
         base.view(torch.uint8).fill_(0xA5)
         cache = base[:, :, :512]  # row padding: never written
     scale = torch.tensor([0.0375], dtype=F32) if kind == "fp8" else None
@@ -480,6 +485,14 @@ def _rope_args(kind, cr, sanitize, cs_dtype=F32, seed=0, misaligned=False):
 @pytest.mark.parametrize("kind", [584, 528, 288, "bf16", "fp8"])
 def test_rope_quant_insert(flavour, kind, cr, sanitize):
     args = _rope_args(kind, cr, sanitize, cs_dtype=BF16 if cr == 1 else F32, seed=cr)
+    _both(CK.rope_quant_insert, ref_compress.rope_quant_insert, args, [3])
+
+
+@pytest.mark.parametrize("kind", [584, 528, 288, "bf16", "fp8"])
+def test_rope_quant_insert_misaligned_cache_and_latent(flavour, kind):
+    """Byte-aligned caches (byte stores) and an odd-offset latent (element-wise pair loads)."""
+    args = _rope_args(kind, 2, False, misaligned=True, odd_latent=True, seed=11)
+    assert args[0].data_ptr() % 4 != 0
     _both(CK.rope_quant_insert, ref_compress.rope_quant_insert, args, [3])
 
 
@@ -740,8 +753,11 @@ def _gpu_cases():
                             _rope_args(kind, cr, sanitize, cs_dtype=BF16 if cr == 1 else F32,
                                        seed=cr), [3])
                 cases.append((f"rope-{kind}-cr{cr}-{'san' if sanitize else 'plain'}", c))
-    cases.append(("rope-584-misaligned", lambda: ("rope_quant_insert", ref_compress.rope_quant_insert,
-                                                  _rope_args(584, 1, False, misaligned=True, seed=9), [3])))
+    for kind in (584, 528, 288, "bf16", "fp8"):
+        def c(kind=kind):
+            return ("rope_quant_insert", ref_compress.rope_quant_insert,
+                    _rope_args(kind, 1, False, misaligned=True, odd_latent=True, seed=9), [3])
+        cases.append((f"rope-{kind}-misaligned-cache-and-latent", c))
     for layout in ("fp8", "fp8-tiled", "mxfp4", "mxfp4-tiled16", "mxfp4-tiled32", "mxfp4-tiled64"):
         for cr in (1, 2):
             def c(layout=layout, cr=cr):

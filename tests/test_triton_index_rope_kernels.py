@@ -576,6 +576,18 @@ def test_indexer_q_layouts(mode):
                      F32, softmax_scale=0.3, head_scale=0.7)
 
 
+@pytest.mark.parametrize("mode", ["fp8", "mxfp4"])
+def test_indexer_q_odd_offset(mode):
+    """q at an odd bf16 offset (not 4-byte aligned): the MXFP4 pair loads go element-wise."""
+    fp4 = mode == "mxfp4"
+    pos, q, w = _indexer_q_inputs(3, 4, seed=5, nonfinite=True, mxfp4=fp4)
+    buf = torch.zeros(q.numel() + 1, dtype=BF16)
+    buf[1:] = q.flatten()
+    qo = buf[1:].view(q.shape)
+    assert qo.data_ptr() % 4 != 0
+    _check_indexer_q(pos, qo, _cos_sin_cache(), w, fp4, False, BF16 if fp4 else F32)
+
+
 def test_indexer_q_empty():
     pos, q, w = _indexer_q_inputs(1, 4)
     _check_indexer_q(pos[:0], q[:0], _cos_sin_cache(), w[:0], False, False, F32)

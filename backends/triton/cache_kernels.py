@@ -70,6 +70,9 @@ __all__ = [
 CONFIG = {
     # None: native OCP casts on NVIDIA CUDA, integer encoders elsewhere; True/False force.
     "soft_fp8": None,
+    # None: paired PTX converts (cvt ...x2.f32 by inline asm) wherever the native casts run
+    # on an NVIDIA GPU (never in Triton's interpreter, which cannot run PTX); False: off.
+    "ptx_pairs": None,
     "exact_log2": True,
     # tokens per program and warps per program, per kernel
     # (from an H200 sweep at 65 536 tokens; run-to-run noise is about +-0.05 of copy)
@@ -97,8 +100,10 @@ CONFIG = {
     # sweeps of 2026-12-02 (python -m dsv41.backends.triton.sweep, docs/performance.md):
     # best fraction of copy at 65536 tokens, best CUDA-graph replay time at 64 tokens.
     # The second sweep (after the instruction-count changes, cold-L2 timing,
-    # docs/measurements/h200-sweep-2.txt) moved insert 584 and the gathers (its rope 528 / 288
-    # winners, 0.77 / 0.44 against 0.71 / 0.39, wait for a GPU run that checks their bytes).
+    # docs/measurements/h200-sweep-2.txt) moved insert 584 and the gathers; the third
+    # (session 4, pair-word rope writers, h200-sweep-3.txt) kept rope 584 / 528 / bf16 at
+    # these shapes (within 0.01 of the best) and moved rope 288 (0.53 vs 0.50 of copy;
+    # 1.66 vs 1.79 us at 64 tokens).
     "variant": {
         "insert:584": (8, 2), "insert:584:decode": (4, 4),
         "insert:528": (8, 8), "insert:528:decode": (4, 4),
@@ -107,7 +112,7 @@ CONFIG = {
         "gather:288": (8, 8), "gather:288:decode": (4, 8),
         "rope:584": (4, 4), "rope:584:decode": (4, 4),
         "rope:528:decode": (4, 4),
-        "rope:288": (4, 4), "rope:288:decode": (1, 8),
+        "rope:288": (16, 4), "rope:288:decode": (1, 4),
         "rope:bf16:decode": (4, 8),
         "indexer:fp8": (32, 8), "indexer:fp8:decode": (8, 4),
         "norm1:None": (1, 2), "norm1:None:decode": (1, 4),
@@ -130,6 +135,13 @@ def _soft(t: torch.Tensor) -> bool:
     if soft is None:
         soft = not (t.device.type == "cuda" and torch.version.hip is None)
     return bool(soft)
+
+
+def _ptx(t: torch.Tensor) -> bool:
+    """Paired PTX converts for kernels writing into ``t`` (see CONFIG["ptx_pairs"])."""
+    if CONFIG["ptx_pairs"] is False or _soft(t):
+        return False
+    return t.device.type == "cuda" and torch.version.hip is None
 
 
 def _exact_log2() -> bool:
@@ -257,6 +269,32 @@ def _bf16_round(x, SOFT: tl.constexpr):
 
 
 @triton.jit
+def _e4m3x2(lo, hi):
+    """e4m3(lo) | e4m3(hi) << 8 as int16, both by one ``cvt.rn.satfinite.e4m3x2.f32`` (which
+    puts its first source in the upper byte).  NVIDIA only (sm_89+); NaN gives 0x7F, so
+    callers clamp NaN away first.  Pairs from two tensors would otherwise be converted two
+    by two *within* each tensor and then re-packed byte by byte."""
+    return tl.inline_asm_elementwise("cvt.rn.satfinite.e4m3x2.f32 $0, $2, $1;", "=h,f,f",
+                                     [lo, hi], dtype=tl.int16, is_pure=True, pack=1)
+
+
+@triton.jit
+def _bf16x2(lo, hi):
+    """bf16(lo) | bf16(hi) << 16 as int32 (RNE, NaN -> 0x7FFF) by one ``cvt.rn.bf16x2.f32``."""
+    return tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f",
+                                     [lo, hi], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _bf16_word(lo, hi, SOFT: tl.constexpr, PTX: tl.constexpr):
+    """The bf16 pair (lo, hi) as one little-endian int32 word."""
+    if PTX:
+        return _bf16x2(lo, hi)
+    else:
+        return (_bf16_bits(lo, SOFT).to(tl.int32) & 0xFFFF) | (_bf16_bits(hi, SOFT).to(tl.int32) << 16)
+
+
+@triton.jit
 def _e2m1_code(x):
     """fp32 -> e2m1 code (int32 0..15): RNE on codes, |x| > 6 -> 6, sign bit kept, NaN -> 0.
 
@@ -320,8 +358,9 @@ def _ue8m0_apply(x, mult, FP8_MAX: tl.constexpr, FNUZ: tl.constexpr, SOFT: tl.co
     if FNUZ or SOFT:
         y = tl.where(y != y, FP8_MAX, tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX))
     else:
-        # the native cast (cvt.rn.satfinite) saturates |y| > 448 and +-inf to +-448 itself
-        y = tl.where(y != y, FP8_MAX, y)
+        # the native cast (cvt.rn.satfinite) saturates |y| > 448 and -inf to -448 itself;
+        # min.f32 returns the non-NaN operand, so this one min is the NaN -> +448 rule
+        y = tl.minimum(y, FP8_MAX)
     return _e4m3_encode(y, FNUZ, SOFT)
 
 
@@ -407,12 +446,18 @@ def _store_i16(cache_ptr, dst, j, bits, valid, TAIL_I16: tl.constexpr):
 
 @triton.jit
 def _nope_pairs(x4, SANITIZE: tl.constexpr):
+    """(e', o') of NoPE pairs given as the last axis (size 2) of ``x4``: ``_nope_rot``."""
+    e, o = tl.split(x4)
+    return _nope_rot(e, o, SANITIZE)
+
+
+@triton.jit
+def _nope_rot(e, o, SANITIZE: tl.constexpr):
     """NoPE pairs through the rotation with (cos, sin) = (1, 0) (finding 2):
     e' = fma(e, 1, -(o*0)) = e + -(o*0), o' = fma(o, 1, e*0) = o + e*0.
     (Not one ``tl.fma(o, -0.0, e)``: equal in IEEE arithmetic and in the interpreter, but
     compiled for the H200 it wrote +0 where the reference keeps -0 -- 75 conformance cases
     failed there; this two-operation form is the one verified on the GPU.)"""
-    e, o = tl.split(x4)
     e2 = e + _neg(o * 0.0)
     o2 = o + e * 0.0
     if SANITIZE:
@@ -422,13 +467,54 @@ def _nope_pairs(x4, SANITIZE: tl.constexpr):
 
 
 @triton.jit
-def _rope_tile(x_ptr, xrow, DIM0: tl.constexpr, cs_ptr, crow, valid, SANITIZE: tl.constexpr,
-               BLOCK_T: tl.constexpr):
-    """The 64 RoPE dims ``[DIM0, DIM0+64)`` of BT rows, rotated -> (e', o') ``[BT, 32]`` fp32."""
-    j = tl.arange(0, 64)
-    xr = tl.load(x_ptr + xrow[:, None] + DIM0 + j[None, :], mask=valid[:, None],
-                 other=0.0).to(tl.float32)
-    e, o = tl.split(tl.reshape(xr, (BLOCK_T, 32, 2)))
+def _bf16_pairs(x_ptr, row, P0: tl.constexpr, NP: tl.constexpr, NLIM: tl.constexpr, rmask,
+                WORDS: tl.constexpr):
+    """bf16 elements (2i, 2i+1) for pairs i = P0 .. P0+NP-1 of the rows at ``row`` as fp32
+    (e, o) ``[BT, NP]``; lanes i >= P0 + NLIM and rows off ``rmask`` read as 0.
+
+    WORDS: ``x_ptr`` is an int32 view of the rows and ``row`` counts words.  A pair is then
+    one 4-byte word, element 2i in its low half, and the two halves *are* the two values: no
+    split of interleaved lanes (which cost shuffles and moves in every writer that pairs
+    elements).  Otherwise (rows not 4-byte aligned) ``x_ptr`` is an int16 view, ``row``
+    counts elements, and each pair is split from a ``[BT, NP, 2]`` load."""
+    i = tl.arange(0, NP)
+    m = rmask[:, None] & (i < NLIM)[None, :]
+    if WORDS:
+        w = tl.load(x_ptr + row[:, None] + (P0 + i)[None, :], mask=m, other=0)
+    else:
+        k = tl.arange(0, 2)
+        h = tl.load(x_ptr + row[:, None, None] + 2 * (P0 + i)[None, :, None] + k[None, None, :],
+                    mask=m[:, :, None], other=0).to(tl.int32)
+        lo, hi = tl.split(h)
+        w = (lo & 0xFFFF) | (hi << 16)
+    e = (w << 16).to(tl.float32, bitcast=True)
+    o = (w & -65536).to(tl.float32, bitcast=True)
+    return e, o
+
+
+@triton.jit
+def _store_units(base_ptr, off, i, v, mask, UNIT: tl.constexpr, ALIGNED: tl.constexpr):
+    """Store ``v[BT, N]`` (integers of UNIT = 1, 2 or 4 bytes, little-endian) at the byte
+    offsets ``off[BT] + UNIT * i``: one store of UNIT-byte integers where the offsets are
+    UNIT-aligned (ALIGNED), UNIT byte stores otherwise."""
+    if ALIGNED or UNIT == 1:
+        if UNIT == 1:
+            p = base_ptr + off
+        elif UNIT == 2:
+            p = (base_ptr + off).to(tl.pointer_type(tl.int16))
+        else:
+            p = (base_ptr + off).to(tl.pointer_type(tl.int32))
+        tl.store(p[:, None] + i[None, :], v, mask=mask)
+    else:
+        vi = v.to(tl.int32)
+        for k in tl.static_range(UNIT):
+            tl.store(base_ptr + off[:, None] + UNIT * i[None, :] + k,
+                     ((vi >> (8 * k)) & 0xFF).to(tl.uint8), mask=mask)
+
+
+@triton.jit
+def _rope_cs(e, o, cs_ptr, crow, valid, SANITIZE: tl.constexpr):
+    """(e, o) ``[BT, 32]`` rotated by the cos / sin rows at ``crow`` (NaN -> 0 if SANITIZE)."""
     i = tl.arange(0, 32)
     c = tl.load(cs_ptr + crow[:, None] + i[None, :], mask=valid[:, None], other=1.0).to(tl.float32)
     s = tl.load(cs_ptr + crow[:, None] + 32 + i[None, :], mask=valid[:, None],
@@ -441,14 +527,26 @@ def _rope_tile(x_ptr, xrow, DIM0: tl.constexpr, cs_ptr, crow, valid, SANITIZE: t
 
 
 @triton.jit
-def _ue8m0_pairs(e, o, EXACT_LOG2: tl.constexpr, SANITIZE: tl.constexpr, SOFT: tl.constexpr):
+def _ue8m0_pairs(e, o, EXACT_LOG2: tl.constexpr, SANITIZE: tl.constexpr, SOFT: tl.constexpr,
+                 PTX: tl.constexpr):
     """OCP UE8M0 groups over the last axis of even/odd halves ``[BT, NG, HG]`` ->
-    (bytes ``[BT, NG, HG, 2]``, codes ``[BT, NG]``)."""
+    (the two bytes of each pair as one int16 ``[BT, NG, HG]``, codes ``[BT, NG]``)."""
     amax = tl.maximum(tl.max(_nan_abs(e, SOFT), axis=2), tl.max(_nan_abs(o, SOFT), axis=2))
     mult, code = _ue8m0_scale(amax, 448.0, EXACT_LOG2, SANITIZE)
     m3 = mult[:, :, None]
-    q = tl.join(_ue8m0_apply(e, m3, 448.0, False, SOFT), _ue8m0_apply(o, m3, 448.0, False, SOFT))
-    return q, code
+    return _ue8m0_pair_bytes(e, o, m3, SOFT, PTX), code
+
+
+@triton.jit
+def _ue8m0_pair_bytes(e, o, m, SOFT: tl.constexpr, PTX: tl.constexpr):
+    """The OCP e4m3 bytes of e * m and o * m (NaN -> +448, finding 3) as one int16 per pair."""
+    if PTX:
+        # min.f32 drops NaN (-> +448); the convert saturates the rest
+        return _e4m3x2(tl.minimum(e * m, 448.0), tl.minimum(o * m, 448.0))
+    else:
+        qe = _ue8m0_apply(e, m, 448.0, False, SOFT).to(tl.int32)
+        qo = _ue8m0_apply(o, m, 448.0, False, SOFT).to(tl.int32)
+        return (qe | (qo << 8)).to(tl.int16)
 
 
 @triton.jit
@@ -459,28 +557,29 @@ def _nvfp4_pairs(e, o, SOFT: tl.constexpr):
     sf = tl.minimum(tl.maximum(amax * (1.0 / 6.0), 0.001953125), 448.0)
     sb = _e4m3_encode(sf, False, SOFT)
     S = _e4m3_decode(sb, False, SOFT)[:, :, None]
-    ce = tl.where(e != e, 7, _e2m1_code_of_quotient(e, S))
-    co = tl.where(o != o, 7, _e2m1_code_of_quotient(o, S))
+    ce = _e2m1_code_of_quotient(e, S)
+    co = _e2m1_code_of_quotient(o, S)
     return (ce | (co << 4)).to(tl.uint8), sb
 
 
 @triton.jit
 def _e2m1_code_of_quotient(x, S):
-    """``_e2m1_code(fl32(x / S))`` without the division, for an e4m3 scale S >= 2^-9.
+    """``_e2m1_code(fl32(x / S))`` without the division, for an e4m3 scale S >= 2^-9; NaN -> 7.
 
-    The code's thresholds t (0.25, 0.75, ..., 5; ties to even codes) are compared with |x|
-    as t * S, which is exact (<= 4 + 3 significant bits).  That is the same test as on the
-    rounded quotient: fp32 values next to t * S are more than S * ulp(t) / 2 away from it,
-    so fl(x / S) never rounds onto t.  The sign of x / S is the sign of x (-0 keeps 0x8).
-    (A three-compare binary search over the thresholds, as in rope_kernels._e2m1_code, cuts
-    this writer from 703 to 506 warp-instructions per token; it is not used until its bytes
-    are verified on the H200 -- docs/gpu.md, next session.)
+    The code's thresholds t (0.25 >, 0.75 >=, 1.25 >, 1.75 >=, 2.5 >, 3.5 >=, 5 >: ties to
+    even codes) are compared with |x| as t * S, which is exact (<= 4 + 3 significant bits).
+    That is the same test as on the rounded quotient: fp32 values next to t * S are more than
+    S * ulp(t) / 2 away from it, so fl(x / S) never rounds onto t.  The thresholds pass
+    monotonically, so three compares of a binary search find the magnitude.  The sign of
+    x / S is the sign of x (-0 keeps 0x8); NaN gives 7 whatever its sign bit (spec §2.3).
     """
     a = tl.abs(x)
-    c = ((a > 0.25 * S).to(tl.int32) + (a >= 0.75 * S).to(tl.int32) + (a > 1.25 * S).to(tl.int32)
-         + (a >= 1.75 * S).to(tl.int32) + (a > 2.5 * S).to(tl.int32) + (a >= 3.5 * S).to(tl.int32)
-         + (a > 5.0 * S).to(tl.int32))
-    return c | ((x.to(tl.int32, bitcast=True) >> 28) & 8)
+    hi = a >= 1.75 * S
+    mid = a >= tl.where(hi, 3.5 * S, 0.75 * S)
+    lo = a > tl.where(hi, tl.where(mid, 5.0 * S, 2.5 * S), tl.where(mid, 1.25 * S, 0.25 * S))
+    c = hi.to(tl.int32) * 4 + mid.to(tl.int32) * 2 + lo.to(tl.int32)
+    c = c | ((x.to(tl.int32, bitcast=True) >> 28) & 8)
+    return tl.where(x != x, 7, c)
 
 
 # --------------------------------------------------------------------------------------
@@ -669,9 +768,14 @@ _MODE_584, _MODE_528, _MODE_288, _MODE_BF16, _MODE_FP8 = 0, 1, 2, 3, 4
 def _rope_quant_insert_kernel(
     lat_ptr, lat_s0, pos_ptr, cs_ptr, cs_s0, cache_ptr, page_stride, row_stride, slot_ptr,
     scale_ptr, T, block_size: tl.constexpr,
-    CR: tl.constexpr, MODE: tl.constexpr, SANITIZE: tl.constexpr, TAIL_I16: tl.constexpr,
-    SOFT: tl.constexpr, EXACT_LOG2: tl.constexpr, BLOCK_T: tl.constexpr,
+    CR: tl.constexpr, MODE: tl.constexpr, SANITIZE: tl.constexpr, WORDS: tl.constexpr,
+    ALIGN: tl.constexpr, SOFT: tl.constexpr, PTX: tl.constexpr, EXACT_LOG2: tl.constexpr,
+    BLOCK_T: tl.constexpr,
 ):
+    # The latent is read as pairs (e, o) = dims (2i, 2i+1), i < 256: pairs 0..223 are NoPE
+    # (a 256-lane tile, lanes >= 224 masked off), 224..255 the RoPE dims.  Every record
+    # stores per pair (two e4m3 bytes, one e2m1 byte, two bf16 values), so nothing is ever
+    # interleaved back.  Offsets: lat_s0 in words (WORDS) or elements; cache in bytes.
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < T
     valid, page, tok = _slot_page(slot_ptr, t, T, block_size, page_stride)
@@ -683,86 +787,100 @@ def _rope_quant_insert_kernel(
         rmask = tmask  # rows load without waiting for the slot load (skipped: never stored)
     crow = (pos // CR) * CR * cs_s0  # cos/sin row of the group's first position
     lrow = t.to(tl.int64) * lat_s0
-    d = tl.arange(0, 512)
-    nmask = valid[:, None] & (d < 448)[None, :]
-    # NoPE dims 0..447 (a 512-wide tile, dims >= 448 masked off) and the 64 RoPE dims
-    xn = tl.load(lat_ptr + lrow[:, None] + d[None, :],
-                 mask=rmask[:, None] & (d < 448)[None, :], other=0.0).to(tl.float32)
-    re, ro = _rope_tile(lat_ptr, lrow, 448, cs_ptr, crow, rmask, SANITIZE, BLOCK_T)
-    jr = tl.arange(0, 64)
+    ne, no = _bf16_pairs(lat_ptr, lrow, 0, 256, 224, rmask, WORDS)
+    re, ro = _bf16_pairs(lat_ptr, lrow, 224, 32, 32, rmask, WORDS)
+    re, ro = _rope_cs(re, ro, cs_ptr, crow, rmask, SANITIZE)
+    p = tl.arange(0, 256)
+    pm = valid[:, None] & (p < 224)[None, :]
+    i = tl.arange(0, 32)
+    vm = valid[:, None]
 
     if MODE == 0:
-        # 584: NoPE quantized from the *unrotated* latent (7 groups of 64), pad code 0;
-        # RoPE dims rotated and stored as bf16.
-        x3 = tl.reshape(xn, (BLOCK_T, 8, 64))
-        mult, code = _ue8m0_scale(tl.max(_nan_abs(x3, SOFT), axis=2), 448.0, EXACT_LOG2, SANITIZE)
-        q = _ue8m0_apply(x3, mult[:, :, None], 448.0, False, SOFT)
+        # 584: NoPE quantized from the *unrotated* latent (7 groups of 64 = 32 pairs, pad
+        # code 0); RoPE dims rotated and stored as bf16 (one word per pair).
+        e3 = tl.reshape(ne, (BLOCK_T, 8, 32))
+        o3 = tl.reshape(no, (BLOCK_T, 8, 32))
+        amax = tl.maximum(tl.max(_nan_abs(e3, SOFT), axis=2), tl.max(_nan_abs(o3, SOFT), axis=2))
+        mult, code = _ue8m0_scale(amax, 448.0, EXACT_LOG2, SANITIZE)
+        q = _ue8m0_pair_bytes(e3, o3, mult[:, :, None], SOFT, PTX)
         vbase = page + tok * 576
-        tl.store(cache_ptr + vbase[:, None] + d[None, :], tl.reshape(q, (BLOCK_T, 512)),
-                 mask=nmask)
+        _store_units(cache_ptr, vbase, p, tl.reshape(q, (BLOCK_T, 256)), pm, 2, ALIGN >= 2)
         g = tl.arange(0, 8)
         code = tl.where((g < 7)[None, :], code, 0)
         tl.store(cache_ptr + (page + block_size * 576 + tok * 8)[:, None] + g[None, :],
-                 code.to(tl.uint8), mask=valid[:, None])
-        bits = _bf16_bits(tl.reshape(tl.join(re, ro), (BLOCK_T, 64)), SOFT)
-        _store_i16(cache_ptr, vbase + 448, jr, bits, valid, TAIL_I16)
-    elif MODE == 1:
-        # 528: rotated fp32 row in 16 UE8M0 groups of 32 (14 NoPE groups + 2 RoPE groups)
-        ne, no = _nope_pairs(tl.reshape(xn, (BLOCK_T, 16, 16, 2)), SANITIZE)
-        qn, cn = _ue8m0_pairs(ne, no, EXACT_LOG2, SANITIZE, SOFT)
-        vbase = page + tok * 512
-        tl.store(cache_ptr + vbase[:, None] + d[None, :], tl.reshape(qn, (BLOCK_T, 512)),
-                 mask=nmask)
-        qr, cr = _ue8m0_pairs(tl.reshape(re, (BLOCK_T, 2, 16)), tl.reshape(ro, (BLOCK_T, 2, 16)),
-                              EXACT_LOG2, SANITIZE, SOFT)
-        tl.store(cache_ptr + (vbase + 448)[:, None] + jr[None, :], tl.reshape(qr, (BLOCK_T, 64)),
-                 mask=valid[:, None])
-        sbase = page + block_size * 512 + tok * 16
-        g = tl.arange(0, 16)
-        tl.store(cache_ptr + sbase[:, None] + g[None, :], cn.to(tl.uint8),
-                 mask=valid[:, None] & (g < 14)[None, :])
-        g2 = tl.arange(0, 2)
-        tl.store(cache_ptr + (sbase + 14)[:, None] + g2[None, :], cr.to(tl.uint8),
-                 mask=valid[:, None])
-    elif MODE == 2:
-        # 288: NVFP4 groups of 16 (28 NoPE groups + 4 RoPE groups), e4m3 scale bytes
-        ne, no = _nope_pairs(tl.reshape(xn, (BLOCK_T, 32, 8, 2)), SANITIZE)
-        pn, sn = _nvfp4_pairs(ne, no, SOFT)
-        vbase = page + tok * 256
-        kb = tl.arange(0, 256)
-        tl.store(cache_ptr + vbase[:, None] + kb[None, :], tl.reshape(pn, (BLOCK_T, 256)),
-                 mask=valid[:, None] & (kb < 224)[None, :])
-        pr, sr = _nvfp4_pairs(tl.reshape(re, (BLOCK_T, 4, 8)), tl.reshape(ro, (BLOCK_T, 4, 8)),
-                              SOFT)
-        kr = tl.arange(0, 32)
-        tl.store(cache_ptr + (vbase + 224)[:, None] + kr[None, :], tl.reshape(pr, (BLOCK_T, 32)),
-                 mask=valid[:, None])
-        sbase = page + block_size * 256 + tok * 32
-        g = tl.arange(0, 32)
-        tl.store(cache_ptr + sbase[:, None] + g[None, :], sn,
-                 mask=valid[:, None] & (g < 28)[None, :])
-        g4 = tl.arange(0, 4)
-        tl.store(cache_ptr + (sbase + 28)[:, None] + g4[None, :], sr, mask=valid[:, None])
+                 code.to(tl.uint8), mask=vm)
+        _store_units(cache_ptr, vbase + 448, i, _bf16_word(re, ro, SOFT, PTX), vm, 4, ALIGN >= 4)
     else:
-        ne, no = _nope_pairs(tl.reshape(xn, (BLOCK_T, 256, 2)), SANITIZE)
-        nbits = _bf16_bits(tl.reshape(tl.join(ne, no), (BLOCK_T, 512)), SOFT)
-        rbits = _bf16_bits(tl.reshape(tl.join(re, ro), (BLOCK_T, 64)), SOFT)
-        rbase = page + tok * row_stride
-        if MODE == 3:
-            c16 = cache_ptr.to(tl.pointer_type(tl.int16))
-            tl.store(c16 + rbase[:, None] + d[None, :], nbits, mask=nmask)
-            tl.store(c16 + (rbase + 448)[:, None] + jr[None, :], rbits, mask=valid[:, None])
+        ne, no = _nope_rot(ne, no, SANITIZE)
+        if MODE == 1:
+            # 528: rotated fp32 row in 16 UE8M0 groups of 32 (14 NoPE groups + 2 RoPE groups)
+            qn, cn = _ue8m0_pairs(tl.reshape(ne, (BLOCK_T, 16, 16)), tl.reshape(no, (BLOCK_T, 16, 16)),
+                                  EXACT_LOG2, SANITIZE, SOFT, PTX)
+            vbase = page + tok * 512
+            _store_units(cache_ptr, vbase, p, tl.reshape(qn, (BLOCK_T, 256)), pm, 2, ALIGN >= 2)
+            qr, cr = _ue8m0_pairs(tl.reshape(re, (BLOCK_T, 2, 16)), tl.reshape(ro, (BLOCK_T, 2, 16)),
+                                  EXACT_LOG2, SANITIZE, SOFT, PTX)
+            _store_units(cache_ptr, vbase + 448, i, tl.reshape(qr, (BLOCK_T, 32)), vm, 2, ALIGN >= 2)
+            sbase = page + block_size * 512 + tok * 16
+            g = tl.arange(0, 16)
+            tl.store(cache_ptr + sbase[:, None] + g[None, :], cn.to(tl.uint8),
+                     mask=vm & (g < 14)[None, :])
+            g2 = tl.arange(0, 2)
+            tl.store(cache_ptr + (sbase + 14)[:, None] + g2[None, :], cr.to(tl.uint8), mask=vm)
+        elif MODE == 2:
+            # 288: NVFP4 groups of 16 = 8 pairs (28 NoPE groups + 4 RoPE groups), one byte per
+            # pair, e4m3 scale bytes
+            pn, sn = _nvfp4_pairs(tl.reshape(ne, (BLOCK_T, 32, 8)), tl.reshape(no, (BLOCK_T, 32, 8)),
+                                  SOFT)
+            vbase = page + tok * 256
+            _store_units(cache_ptr, vbase, p, tl.reshape(pn, (BLOCK_T, 256)), pm, 1, True)
+            pr, sr = _nvfp4_pairs(tl.reshape(re, (BLOCK_T, 4, 8)), tl.reshape(ro, (BLOCK_T, 4, 8)),
+                                  SOFT)
+            _store_units(cache_ptr, vbase + 224, i, tl.reshape(pr, (BLOCK_T, 32)), vm, 1, True)
+            sbase = page + block_size * 256 + tok * 32
+            g = tl.arange(0, 32)
+            tl.store(cache_ptr + sbase[:, None] + g[None, :], sn,
+                     mask=vm & (g < 28)[None, :])
+            g4 = tl.arange(0, 4)
+            tl.store(cache_ptr + (sbase + 28)[:, None] + g4[None, :], sr, mask=vm)
         else:
-            # fp8 rows: e4m3(clamp448(fp32(bf16(x')) * fl32(1 / scale)))
-            inv = tl.math.div_rn(1.0, tl.load(scale_ptr))
-            yn = (nbits.to(tl.int32) << 16).to(tl.float32, bitcast=True) * inv
-            yn = tl.where(yn != yn, 448.0, tl.minimum(tl.maximum(yn, -448.0), 448.0))
-            yr = (rbits.to(tl.int32) << 16).to(tl.float32, bitcast=True) * inv
-            yr = tl.where(yr != yr, 448.0, tl.minimum(tl.maximum(yr, -448.0), 448.0))
-            c8 = cache_ptr.to(tl.pointer_type(tl.uint8))
-            tl.store(c8 + rbase[:, None] + d[None, :], _e4m3_encode(yn, False, SOFT), mask=nmask)
-            tl.store(c8 + (rbase + 448)[:, None] + jr[None, :], _e4m3_encode(yr, False, SOFT),
-                     mask=valid[:, None])
+            rbase = page + tok * row_stride
+            if MODE == 3:
+                # bf16 rows: one word (two bf16) per pair
+                _store_units(cache_ptr, rbase, p, _bf16_word(ne, no, SOFT, PTX), pm, 4, ALIGN >= 4)
+                _store_units(cache_ptr, rbase + 896, i, _bf16_word(re, ro, SOFT, PTX), vm, 4,
+                             ALIGN >= 4)
+            else:
+                # fp8 rows: e4m3(clamp448(fp32(bf16(x')) * fl32(1 / scale))), two bytes per pair
+                inv = tl.math.div_rn(1.0, tl.load(scale_ptr))
+                un = _fp8_row_pair(ne, no, inv, SOFT, PTX)
+                ur = _fp8_row_pair(re, ro, inv, SOFT, PTX)
+                _store_units(cache_ptr, rbase, p, un, pm, 2, ALIGN >= 2)
+                _store_units(cache_ptr, rbase + 448, i, ur, vm, 2, ALIGN >= 2)
+
+
+@triton.jit
+def _fp8_row_pair(e, o, inv, SOFT: tl.constexpr, PTX: tl.constexpr):
+    """The two e4m3 bytes of the fp8 row record for pairs (e, o), as one int16 (spec §8.2)."""
+    if PTX:
+        # min.f32 drops NaN (-> +448), the satfinite convert clamps the rest to +-448
+        return _e4m3x2(tl.minimum(_bf16_round(e, SOFT) * inv, 448.0),
+                       tl.minimum(_bf16_round(o, SOFT) * inv, 448.0))
+    ye = _bf16_round(e, SOFT) * inv
+    ye = tl.where(ye != ye, 448.0, tl.minimum(tl.maximum(ye, -448.0), 448.0))
+    yo = _bf16_round(o, SOFT) * inv
+    yo = tl.where(yo != yo, 448.0, tl.minimum(tl.maximum(yo, -448.0), 448.0))
+    ce = _e4m3_encode(ye, False, SOFT).to(tl.int32)
+    co = _e4m3_encode(yo, False, SOFT).to(tl.int32)
+    return (ce | (co << 8)).to(tl.int16)
+
+
+def _align(t: torch.Tensor, *strides) -> int:
+    """Largest of 4, 2, 1 dividing the tensor's address and the given byte strides."""
+    for a in (4, 2):
+        if t.data_ptr() % a == 0 and all(s % a == 0 for s in strides):
+            return a
+    return 1
 
 
 def rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio,
@@ -773,21 +891,25 @@ def rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, 
     B = kv_cache.shape[1]
     if kv_cache.dtype == torch.uint8:
         mode = {584: _MODE_584, 528: _MODE_528, 288: _MODE_288}[kv_cache.shape[-1]]
-        cache = kv_cache
     elif kv_cache.dtype == torch.bfloat16:
-        mode, cache = _MODE_BF16, kv_cache
+        mode = _MODE_BF16
     else:
-        mode, cache = _MODE_FP8, kv_cache.view(torch.uint8)
-    page_stride = kv_cache.stride(0)
+        mode = _MODE_FP8
+    cache = kv_cache.view(torch.uint8)  # byte offsets for every record
+    page_stride, row_stride = cache.stride(0), cache.stride(1)
+    # one 4-byte word per latent pair where the rows are 4-byte aligned (the latent is
+    # contiguous, so only an odd storage offset is not)
+    words = latent.data_ptr() % 4 == 0 and latent.stride(0) % 2 == 0
+    lat = latent.view(torch.int32) if words else latent.view(torch.int16)
     BT, NW = _shape("rope", {_MODE_584: 584, _MODE_528: 528, _MODE_288: 288, _MODE_BF16: "bf16",
                              _MODE_FP8: "fp8"}[mode], T)
     _rope_quant_insert_kernel[(launch.cdiv(T, BT),)](
-        latent, latent.stride(0), positions, cos_sin_cache, cos_sin_cache.stride(0), cache,
-        page_stride, kv_cache.stride(1), slot_mapping,
+        lat, lat.stride(0), positions, cos_sin_cache, cos_sin_cache.stride(0), cache,
+        page_stride, row_stride, slot_mapping,
         fp8_scale if fp8_scale is not None else slot_mapping, T, B,
-        CR=int(compress_ratio), MODE=mode, SANITIZE=bool(sanitize_nans),
-        TAIL_I16=_i16_ok(kv_cache, page_stride), SOFT=_soft(kv_cache), EXACT_LOG2=_exact_log2(),
-        BLOCK_T=BT, num_warps=NW,
+        CR=int(compress_ratio), MODE=mode, SANITIZE=bool(sanitize_nans), WORDS=words,
+        ALIGN=_align(cache, page_stride, row_stride), SOFT=_soft(kv_cache), PTX=_ptx(kv_cache),
+        EXACT_LOG2=_exact_log2(), BLOCK_T=BT, num_warps=NW,
     )
 
 
@@ -1159,17 +1281,17 @@ def _register_aot() -> None:
                     BLOCK_T=_shape("gather", rec)[0]), targets, _shape("gather", rec)[1],
                     ("out_ptr", "out_s0", "out_s1", "cache_ptr", "page_stride"))
 
-    rope_t = {"lat_ptr": "*bf16", "lat_s0": "i32", "pos_ptr": "*i64", "cs_ptr": "*fp32",
+    rope_t = {"lat_ptr": "*i32", "lat_s0": "i32", "pos_ptr": "*i64", "cs_ptr": "*fp32",
               "cs_s0": "i32", "cache_ptr": "*u8", "page_stride": "i32", "row_stride": "i32",
               "slot_ptr": "*i64", "scale_ptr": "*fp32", "T": "i32"}
     for mode, name, var in ((_MODE_584, "584", 584), (_MODE_528, "528", 528), (_MODE_288, "288", 288),
                             (_MODE_BF16, "bf16rows", "bf16"), (_MODE_FP8, "fp8rows", "fp8")):
-        types = dict(rope_t, cache_ptr="*bf16" if mode == _MODE_BF16 else "*u8")
+        types = rope_t
         for targets, soft, flav in vendors:
             for t in targets:
                 sanitize = t == "gfx950" and mode in (_MODE_584, _MODE_528)
                 add(_rope_quant_insert_kernel, f"{name},{flav},{t}", types, dict(
-                    block_size=AOT_BLOCK_SIZE, CR=1, MODE=mode, SANITIZE=sanitize, TAIL_I16=True, SOFT=soft, EXACT_LOG2=True,
+                    block_size=AOT_BLOCK_SIZE, CR=1, MODE=mode, SANITIZE=sanitize, WORDS=True, ALIGN=4, SOFT=soft, PTX=not soft, EXACT_LOG2=True,
                     BLOCK_T=_shape("rope", var)[0]), (t,), _shape("rope", var)[1], ("lat_ptr", "lat_s0", "cs_ptr", "cs_s0", "cache_ptr", "page_stride",
                                                  "row_stride"))
 

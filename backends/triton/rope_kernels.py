@@ -60,6 +60,9 @@ _MXFP4_FLOOR = tl.constexpr(6.0 * 2.0**-126)  # MXFP4 block amax floor (§1.8), 
 
 # Tests set this to True / False to force one conversion path (None: by device).
 CVT_HW_OVERRIDE: bool | None = None
+# False turns off the inline-PTX pair encoders (``_e2m1x2_bf16``); None: on for NVIDIA GPUs
+# (never in Triton's interpreter, which cannot run PTX).
+PTX_OVERRIDE: bool | None = None
 
 # Launch-shape overrides per op name (None / absent: the built-in heuristics), e.g.
 # TUNE["fused_indexer_q_rope_quant"] = {"BLOCK_T": 2, "BLOCK_H": 64, "num_warps": 8}.
@@ -79,7 +82,9 @@ MEASURED = {
     # copy at 65536 rows, 0.54 with the former 2 rows x 2 warps)
     "fused_q_kv_rmsnorm_quant": {"BLOCK_T": 1, "num_warps": 1},
     "fused_q_kv_rmsnorm_quant:decode": {"BLOCK_T": 1, "num_warps": 8},
-    "fused_indexer_q_rope_quant:mxfp4:decode": {"BLOCK_T": 1, "BLOCK_H": 16, "num_warps": 8},
+    # session-4 sweep of the MXFP4 split path (h200-sweep-3.txt): 2.13 us at 64 tokens
+    # (8 warps: 2.25); at 65536 the heuristic shape (1 x 64 heads, 4 warps) is the best, 0.77
+    "fused_indexer_q_rope_quant:mxfp4:decode": {"BLOCK_T": 1, "BLOCK_H": 16, "num_warps": 4},
 }
 
 
@@ -95,6 +100,15 @@ def use_hw_convert(device: torch.device) -> bool:
     if CVT_HW_OVERRIDE is not None:
         return CVT_HW_OVERRIDE
     return device.type == "cuda" and torch.version.hip is None
+
+
+def use_ptx(device: torch.device) -> bool:
+    """Inline PTX (the paired e2m1 encoder) runs on NVIDIA GPUs only, with the hardware
+    converts (a forced integer path -- the ROCm / XPU kernels run on an NVIDIA GPU in the
+    tests -- stays PTX-free)."""
+    if PTX_OVERRIDE is False:
+        return False
+    return device.type == "cuda" and torch.version.hip is None and use_hw_convert(device)
 
 
 def _pow2(n: int) -> int:
@@ -197,6 +211,42 @@ def _e2m1_code(x):
 
 
 @triton.jit
+def _e2m1x2_bf16(lo, hi):
+    """``_e2m1_code(lo) | _e2m1_code(hi) << 4`` for bf16-valued fp32 (lo, hi), as int32.
+
+    NVIDIA PTX: the pair is packed as bf16x2 (exact: both are bf16 values) and the same
+    three-compare binary search as ``_e2m1_code`` runs on both halves at once with the
+    bf16x2 ``set`` compares (each half 0xFFFF / 0) and ``lop3`` selects of the packed
+    thresholds, about half the instructions per element.  NaN passes no compare (code 0,
+    and the bf16x2 convert makes every NaN positive, as the fp32 path sees it on NVIDIA)."""
+    return tl.inline_asm_elementwise(
+        """
+        {
+        .reg .b32 w, a, h, t, m, u, v, l, c;
+        cvt.rn.bf16x2.f32 w, $2, $1;
+        and.b32 a, w, 0x7FFF7FFF;
+        mov.b32 t, 0x3FE03FE0;
+        set.ge.u32.bf16x2 h, a, t;
+        lop3.b32 t, h, 0x40604060, 0x3F403F40, 0xCA;
+        set.ge.u32.bf16x2 m, a, t;
+        lop3.b32 u, m, 0x40A040A0, 0x40204020, 0xCA;
+        lop3.b32 v, m, 0x3FA03FA0, 0x3E803E80, 0xCA;
+        lop3.b32 t, h, u, v, 0xCA;
+        set.gt.u32.bf16x2 l, a, t;
+        and.b32 c, h, 0x00040004;
+        lop3.b32 c, m, 0x00020002, c, 0xEA;
+        lop3.b32 c, l, 0x00010001, c, 0xEA;
+        shr.b32 u, w, 12;
+        lop3.b32 c, u, 0x00080008, c, 0xEA;
+        shr.b32 u, c, 12;
+        or.b32 c, c, u;
+        and.b32 $0, c, 0xFF;
+        }
+        """,
+        "=r,f,f", [lo, hi], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
 def _ceil_exp_log(s):
     """``ceil(RN32(log2 s))`` for fp32 s > 0 (normal) or +inf (-> 128), from the bits.
 
@@ -231,6 +281,52 @@ def _inv_pow2_of(e):
 # ============================================================= §2 fused_indexer_q_rope_quant
 
 
+@triton.jit
+def _pair_tile(q_ptr, row, P0: tl.constexpr, NP: tl.constexpr, m, WORDS: tl.constexpr):
+    """bf16 elements (2i, 2i+1), i = P0 .. P0+NP-1, of the rows at ``row [BT, BH]`` as fp32
+    (e, o) ``[BT, BH, NP]`` (0 where ``m`` is off).  WORDS: ``q_ptr`` is an int32 view and
+    ``row`` counts words -- one 4-byte load per pair, whose halves are the two values (no
+    split of interleaved lanes); else an int16 view with ``row`` in elements."""
+    i = tl.arange(0, NP)[None, None, :]
+    m3 = m[:, :, None]
+    if WORDS:
+        w = tl.load(q_ptr + row[:, :, None] + P0 + i, mask=m3, other=0)
+    else:
+        k = tl.arange(0, 2)[None, None, None, :]
+        h = tl.load(q_ptr + row[:, :, None, None] + 2 * (P0 + i[:, :, :, None]) + k,
+                    mask=m3[:, :, :, None], other=0).to(tl.int32)
+        lo, hi = tl.split(h)
+        w = (lo & 0xFFFF) | (hi << 16)
+    return (w << 16).to(tl.float32, bitcast=True), (w & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _mxfp4_blocks(e, o, out_ptr, orow, b_ptr, th_m, PTX: tl.constexpr,
+                  BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, NP: tl.constexpr):
+    """MXFP4 (§1.8) of pairs ``[BT, BH, NP]``: blocks of 32 elements = 16 pairs, one packed
+    byte per pair at ``orow + i`` (element 2k in the low nibble), ue8m0 codes at ``b_ptr``."""
+    NB: tl.constexpr = NP // 16
+    e4 = tl.reshape(e, [BLOCK_T, BLOCK_H, NB, 16])
+    o4 = tl.reshape(o, [BLOCK_T, BLOCK_H, NB, 16])
+    amax = _rmax(tl.maximum(tl.abs(e4), tl.abs(o4)), axis=3)
+    E = _ceil_exp_bits(tl.maximum(amax, _MXFP4_FLOOR) * _INV_6)
+    E = tl.minimum(tl.maximum(E, -127), 127)
+    inv = _inv_pow2_of(E)[:, :, :, None]
+    if PTX:
+        # e, o are bf16 values (the input, or the RoPE output after its bf16 round trip)
+        # and inv a power of two: the products are bf16 values too
+        byte = _e2m1x2_bf16(e4 * inv, o4 * inv)
+    else:
+        byte = _e2m1_code(e4 * inv) | (_e2m1_code(o4 * inv) << 4)
+    byte = tl.reshape(byte, [BLOCK_T, BLOCK_H, NP]).to(tl.uint8)
+    i = tl.arange(0, NP)[None, None, :]
+    tl.store(out_ptr + orow[:, :, None] + i, byte, mask=th_m[:, :, None])
+    b = tl.arange(0, NB)[None, None, :]
+    tl.store(b_ptr + b, (E + 127).to(tl.uint8), mask=th_m[:, :, None])
+
+
+
+
 @triton.jit(do_not_specialize=["T", "H"])
 def _indexer_q_kernel(
     pos_ptr, s_pos,
@@ -244,7 +340,7 @@ def _indexer_q_kernel(
     D: tl.constexpr, NOPE: tl.constexpr, HALF: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr,
     SPLIT: tl.constexpr, USE_FP4: tl.constexpr, FNUZ: tl.constexpr, CVT_HW: tl.constexpr,
-    WO_BF16: tl.constexpr, OFF64: tl.constexpr,
+    WO_BF16: tl.constexpr, OFF64: tl.constexpr, WORDS: tl.constexpr, PTX: tl.constexpr,
 ):
     IDX: tl.constexpr = tl.int64 if OFF64 else tl.int32
     FP8_MAX: tl.constexpr = 224.0 if FNUZ else 448.0
@@ -260,7 +356,25 @@ def _indexer_q_kernel(
     w = tl.load(w_ptr + (ti * s_w0)[:, None] + (hi * s_w1)[None, :], mask=th_m, other=0.0).to(tl.float32)
     wo_off = (ti * s_wo0)[:, None] + (hi * s_wo1)[None, :]
 
-    if SPLIT:
+    if SPLIT and USE_FP4:
+        # NOPE and R powers of two (production 64 + 64), MXFP4: both halves are whole
+        # blocks of 32; the pairs come as words (``_pair_tile``), only the RoPE half is
+        # rotated, every pair writes one byte.
+        qrow_p = (ti * s_q0)[:, None] + (hi * s_q1)[None, :]  # in the view's units
+        ne, no = _pair_tile(q_ptr, qrow_p, 0, NOPE // 2, th_m, WORDS)
+        re, ro = _pair_tile(q_ptr, qrow_p, NOPE // 2, HALF, th_m, WORDS)
+        cs_off = pos[:, None, None] * s_cs + tl.arange(0, HALF)[None, None, :]
+        c = tl.load(cs_ptr + cs_off, mask=tm[:, None, None], other=1.0).to(tl.float32)
+        s = tl.load(cs_ptr + cs_off + HALF, mask=tm[:, None, None], other=0.0).to(tl.float32)
+        re2 = _rn_bf16(tl.fma(re, c, _neg(ro * s)), CVT_HW)
+        ro2 = _rn_bf16(tl.fma(ro, c, re * s), CVT_HW)
+        srow = (ti * s_sc0)[:, None] + (hi * s_sc1)[None, :]
+        _mxfp4_blocks(ne, no, out_ptr, orow, sc_ptr + srow[:, :, None], th_m, PTX,
+                      BLOCK_T, BLOCK_H, NOPE // 2)
+        _mxfp4_blocks(re2, ro2, out_ptr, orow + NOPE // 2, sc_ptr + srow[:, :, None] + NOPE // 32,
+                      th_m, PTX, BLOCK_T, BLOCK_H, HALF)
+        wo = (w * softmax_scale) * head_scale
+    elif SPLIT:
         # NOPE and R powers of two (production 64 + 64), FP8: the NoPE half is quantized
         # as loaded, only the RoPE half is split into (even, odd) pairs and rotated.
         m3 = th_m[:, :, None]
@@ -405,13 +519,19 @@ def fused_indexer_q_rope_quant(
         sc, sc_strides = out, (0, 0)  # q_scale_out is empty in the FP8 path
     wo_bf16 = weights_out.dtype == torch.bfloat16
     wo = weights_out.view(torch.int16) if wo_bf16 else weights_out
-    split = not use_fp4 and _is_pow2(nope) and _is_pow2(R) and nope >= 2
+    split = _is_pow2(nope) and _is_pow2(R) and nope >= (32 if use_fp4 else 2) and R >= (32 if use_fp4 else 2)
     off64 = _span(index_q, out, sc if use_fp4 else None, cos_sin_cache, index_weights, wo,
                   positions) >= _I32_SAFE
+    q, words = index_q, False
+    if use_fp4 and split:
+        # the MXFP4 split path reads pairs: as int32 words where rows are 4-byte aligned
+        words = (index_q.data_ptr() % 4 == 0 and index_q.stride(0) % 2 == 0
+                 and index_q.stride(1) % 2 == 0)
+        q = index_q.view(torch.int32) if words else index_q.view(torch.int16)
     grid = (launch.cdiv(T, bt), launch.cdiv(H, bh))
     _indexer_q_kernel[grid](
         positions, positions.stride(0),
-        index_q, index_q.stride(0), index_q.stride(1),
+        q, q.stride(0), q.stride(1),
         cos_sin_cache, cos_sin_cache.stride(0),
         index_weights, index_weights.stride(0), index_weights.stride(1),
         out, out.stride(0), out.stride(1),
@@ -421,8 +541,8 @@ def fused_indexer_q_rope_quant(
         D=D, NOPE=nope, HALF=R // 2,
         BLOCK_T=bt, BLOCK_H=bh, BLOCK_P=block_p,
         SPLIT=split, USE_FP4=bool(use_fp4), FNUZ=bool(use_fnuz) and not use_fp4,
-        CVT_HW=use_hw_convert(index_q.device), WO_BF16=wo_bf16, OFF64=off64,
-        num_warps=warps,
+        CVT_HW=use_hw_convert(index_q.device), WO_BF16=wo_bf16, OFF64=off64, WORDS=words,
+        PTX=bool(use_fp4) and use_ptx(index_q.device), num_warps=warps,
     )
     return None
 
@@ -813,11 +933,14 @@ def _register_aot() -> None:
                                         ("fp8-fnuz", False, True, False, _ALL),
                                         ("mxfp4", True, False, False, _ALL),
                                         ("mxfp4-hw", True, False, True, _CUDA)):
-        c = dict(base, USE_FP4=fp4, FNUZ=fnuz, CVT_HW=hw, WO_BF16=fp4, SPLIT=not fp4)
-        pp = dict(p, wo_ptr="*i16") if fp4 else p
+        # MXFP4 at production shapes: the split path reading pairs as int32 words
+        c = dict(base, USE_FP4=fp4, FNUZ=fnuz, CVT_HW=hw, WO_BF16=fp4, SPLIT=True, WORDS=fp4,
+                 PTX=fp4 and hw)
+        pp = dict(p, wo_ptr="*i16", q_ptr="*i32") if fp4 else p
         register(AotSpec(f"rope_kernels._indexer_q_kernel[{tag}]", _indexer_q_kernel,
                          _aot_signature(_indexer_q_kernel, pp, c, ("softmax_scale", "head_scale")),
-                         c, num_warps=4, targets=targets, divisible=("q_ptr", "out_ptr")))
+                         c, num_warps=4, targets=targets,
+                         divisible=("q_ptr", "out_ptr", "s_q0", "s_q1", "s_o0", "s_o1")))
 
     # §4 inverse RoPE: 8 heads per group, Dh 512 = 448 + 64.
     p = {"o_ptr": "*bf16", "pos_ptr": "*i64", "cs_ptr": "*fp32", "out_ptr": "*u8", "sc_ptr": "*fp32"}
