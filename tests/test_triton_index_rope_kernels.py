@@ -576,6 +576,13 @@ def test_indexer_q_layouts(mode):
                      F32, softmax_scale=0.3, head_scale=0.7)
 
 
+def test_indexer_q_mxfp4_widths_not_powers_of_two(cvt):
+    """MXFP4 with NoPE 96 + RoPE 32 (D 128): the general path (every pair of the head in one
+    tile, RoPE pairs selected), not the split path the production 64 + 64 takes."""
+    pos, q, w = _indexer_q_inputs(3, 5, D=128, R=32, seed=6, nonfinite=True, mxfp4=True)
+    _check_indexer_q(pos, q, _cos_sin_cache(R=32), w, True, False, BF16)
+
+
 @pytest.mark.parametrize("mode", ["fp8", "mxfp4"])
 def test_indexer_q_odd_offset(mode):
     """q at an odd bf16 offset (not 4-byte aligned): the MXFP4 pair loads go element-wise."""

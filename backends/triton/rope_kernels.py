@@ -325,8 +325,6 @@ def _mxfp4_blocks(e, o, out_ptr, orow, b_ptr, th_m, PTX: tl.constexpr,
     tl.store(b_ptr + b, (E + 127).to(tl.uint8), mask=th_m[:, :, None])
 
 
-
-
 @triton.jit(do_not_specialize=["T", "H"])
 def _indexer_q_kernel(
     pos_ptr, s_pos,
@@ -400,7 +398,8 @@ def _indexer_q_kernel(
         tl.store(out_ptr + orow[:, :, None] + NOPE + dr, cr, mask=m3)
         wo = ((w * _pow2_of(E)) * softmax_scale) * head_scale
     else:
-        # General shapes (and MXFP4): the whole head split into pairs, RoPE pairs selected.
+        # General shapes (MXFP4 too where NoPE or RoPE is not a power of two >= 32): the
+        # whole head split into pairs, RoPE pairs selected.
         i = tl.arange(0, BLOCK_P)  # pair index: elements 2i, 2i+1
         rope = (i >= NOPE // 2) & (i < D // 2)
         ri = tl.where(rope, i - NOPE // 2, 0)
