@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from . import _library  # noqa: F401
-from . import index_checks as _ic
 from ._validate import Check
 
 __all__ = ["pad_fused_q_heads"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 
 from . import _library  # noqa: F401
-from . import index_checks as _ic
 from ._validate import Check
 
 __all__ = ["fused_q_kv_rmsnorm_quant", "swizzled_scale_bytes"]

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from . import launch
-from .reductions import _rmax, _rsum
+from .reductions import _rsum
 
 __all__ = [
     "compute_global_topk_indices_and_lens",
