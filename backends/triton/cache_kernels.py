@@ -899,7 +899,8 @@ def rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, 
     page_stride, row_stride = cache.stride(0), cache.stride(1)
     # one 4-byte word per latent pair where the rows are 4-byte aligned (the latent is
     # contiguous, so only an odd storage offset is not)
-    words = latent.data_ptr() % 4 == 0 and latent.stride(0) % 2 == 0
+    words = (latent.data_ptr() % 4 == 0 and latent.stride(0) % 2 == 0
+             and latent.storage_offset() % 2 == 0)
     lat = latent.view(torch.int32) if words else latent.view(torch.int16)
     BT, NW = _shape("rope", {_MODE_584: 584, _MODE_528: 528, _MODE_288: 288, _MODE_BF16: "bf16",
                              _MODE_FP8: "fp8"}[mode], T)

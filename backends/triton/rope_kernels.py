@@ -525,7 +525,7 @@ def fused_indexer_q_rope_quant(
     if use_fp4 and split:
         # the MXFP4 split path reads pairs: as int32 words where rows are 4-byte aligned
         words = (index_q.data_ptr() % 4 == 0 and index_q.stride(0) % 2 == 0
-                 and index_q.stride(1) % 2 == 0)
+                 and index_q.stride(1) % 2 == 0 and index_q.storage_offset() % 2 == 0)
         q = index_q.view(torch.int32) if words else index_q.view(torch.int16)
     grid = (launch.cdiv(T, bt), launch.cdiv(H, bh))
     _indexer_q_kernel[grid](
