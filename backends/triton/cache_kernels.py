@@ -627,8 +627,12 @@ def _quant_insert_kernel(
         _store_i16(cache_ptr, vbase + NQ * G, j, tail, valid, TAIL_I16)
 
 
-def _i16_ok(t: torch.Tensor, *strides) -> bool:
-    return t.data_ptr() % 2 == 0 and all(s % 2 == 0 for s in strides)
+def _align(t: torch.Tensor, *strides) -> int:
+    """Largest of 4, 2, 1 dividing the tensor's address and the given byte strides."""
+    for a in (4, 2):
+        if t.data_ptr() % a == 0 and all(s % a == 0 for s in strides):
+            return a
+    return 1
 
 
 def quantize_and_insert_k_cache(k, k_cache, slot_mapping, block_size, use_fnuz, bytes_per_token):
@@ -642,7 +646,7 @@ def quantize_and_insert_k_cache(k, k_cache, slot_mapping, block_size, use_fnuz, 
         k, k.stride(0), k_cache, page_stride, slot_mapping, T, block_size,
         NG=16 if v41 else 8, G=32 if v41 else 64, NQ=16 if v41 else 7,
         VB=512 if v41 else 576, SB=16 if v41 else 8,
-        HAS_TAIL=not v41, TAIL_I16=_i16_ok(k_cache, page_stride),
+        HAS_TAIL=not v41, TAIL_I16=_align(k_cache, page_stride) >= 2,
         FNUZ=bool(use_fnuz), SOFT=_soft(k_cache), EXACT_LOG2=_exact_log2(),
         BLOCK_T=BT, num_warps=NW,
     )
@@ -751,7 +755,7 @@ def dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_tab
         out, out.stride(0), out.stride(1), k_cache, page_stride, seq_lens,
         gather_lens if gather_lens is not None else seq_lens,
         block_table, block_table.stride(0), block_size, offset,
-        REC=int(rec), HAS_GL=gather_lens is not None, TAIL_I16=_i16_ok(k_cache, page_stride),
+        REC=int(rec), HAS_GL=gather_lens is not None, TAIL_I16=_align(k_cache, page_stride) >= 2,
         FNUZ=bool(use_fnuz), SOFT=_soft(k_cache), BLOCK_T=BT,
         num_warps=NW,
     )
@@ -873,14 +877,6 @@ def _fp8_row_pair(e, o, inv, SOFT: tl.constexpr, PTX: tl.constexpr):
     ce = _e4m3_encode(ye, False, SOFT).to(tl.int32)
     co = _e4m3_encode(yo, False, SOFT).to(tl.int32)
     return (ce | (co << 8)).to(tl.int16)
-
-
-def _align(t: torch.Tensor, *strides) -> int:
-    """Largest of 4, 2, 1 dividing the tensor's address and the given byte strides."""
-    for a in (4, 2):
-        if t.data_ptr() % a == 0 and all(s % a == 0 for s in strides):
-            return a
-    return 1
 
 
 def rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio,

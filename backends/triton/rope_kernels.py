@@ -302,9 +302,11 @@ def _pair_tile(q_ptr, row, P0: tl.constexpr, NP: tl.constexpr, m, WORDS: tl.cons
 
 @triton.jit
 def _mxfp4_blocks(e, o, out_ptr, orow, b_ptr, th_m, PTX: tl.constexpr,
-                  BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, NP: tl.constexpr):
+                  BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, NP: tl.constexpr,
+                  NLIM: tl.constexpr):
     """MXFP4 (§1.8) of pairs ``[BT, BH, NP]``: blocks of 32 elements = 16 pairs, one packed
-    byte per pair at ``orow + i`` (element 2k in the low nibble), ue8m0 codes at ``b_ptr``."""
+    byte per pair at ``orow + i`` (element 2k in the low nibble), ue8m0 codes at ``b_ptr``;
+    only the first NLIM pairs (NLIM / 16 blocks) are stored."""
     NB: tl.constexpr = NP // 16
     e4 = tl.reshape(e, [BLOCK_T, BLOCK_H, NB, 16])
     o4 = tl.reshape(o, [BLOCK_T, BLOCK_H, NB, 16])
@@ -320,9 +322,9 @@ def _mxfp4_blocks(e, o, out_ptr, orow, b_ptr, th_m, PTX: tl.constexpr,
         byte = _e2m1_code(e4 * inv) | (_e2m1_code(o4 * inv) << 4)
     byte = tl.reshape(byte, [BLOCK_T, BLOCK_H, NP]).to(tl.uint8)
     i = tl.arange(0, NP)[None, None, :]
-    tl.store(out_ptr + orow[:, :, None] + i, byte, mask=th_m[:, :, None])
+    tl.store(out_ptr + orow[:, :, None] + i, byte, mask=th_m[:, :, None] & (i < NLIM))
     b = tl.arange(0, NB)[None, None, :]
-    tl.store(b_ptr + b, (E + 127).to(tl.uint8), mask=th_m[:, :, None])
+    tl.store(b_ptr + b, (E + 127).to(tl.uint8), mask=th_m[:, :, None] & (b < NLIM // 16))
 
 
 @triton.jit(do_not_specialize=["T", "H"])
@@ -368,9 +370,9 @@ def _indexer_q_kernel(
         ro2 = _rn_bf16(tl.fma(ro, c, re * s), CVT_HW)
         srow = (ti * s_sc0)[:, None] + (hi * s_sc1)[None, :]
         _mxfp4_blocks(ne, no, out_ptr, orow, sc_ptr + srow[:, :, None], th_m, PTX,
-                      BLOCK_T, BLOCK_H, NOPE // 2)
+                      BLOCK_T, BLOCK_H, NOPE // 2, NOPE // 2)
         _mxfp4_blocks(re2, ro2, out_ptr, orow + NOPE // 2, sc_ptr + srow[:, :, None] + NOPE // 32,
-                      th_m, PTX, BLOCK_T, BLOCK_H, HALF)
+                      th_m, PTX, BLOCK_T, BLOCK_H, HALF, HALF)
         wo = (w * softmax_scale) * head_scale
     elif SPLIT:
         # NOPE and R powers of two (production 64 + 64), FP8: the NoPE half is quantized
@@ -417,22 +419,11 @@ def _indexer_q_kernel(
         e = tl.where(rope3, new_e, e)
         o = tl.where(rope3, new_o, o)
         if USE_FP4:
-            # §2.3 / §1.8: blocks of 32 elements = 16 pairs.
-            NB: tl.constexpr = BLOCK_P // 16
-            e4 = tl.reshape(e, [BLOCK_T, BLOCK_H, NB, 16])
-            o4 = tl.reshape(o, [BLOCK_T, BLOCK_H, NB, 16])
-            amax = _rmax(tl.maximum(tl.abs(e4), tl.abs(o4)), axis=3)
-            E = _ceil_exp_bits(tl.maximum(amax, _MXFP4_FLOOR) * _INV_6)
-            E = tl.minimum(tl.maximum(E, -127), 127)
-            inv = _inv_pow2_of(E)[:, :, :, None]
-            byte = _e2m1_code(e4 * inv) | (_e2m1_code(o4 * inv) << 4)  # element 2k low nibble
-            byte = tl.reshape(byte, [BLOCK_T, BLOCK_H, BLOCK_P]).to(tl.uint8)
-            p_m = th_m[:, :, None] & (i < D // 2)[None, None, :]
-            tl.store(out_ptr + orow[:, :, None] + i[None, None, :], byte, mask=p_m)
-            b = tl.arange(0, NB)
-            b_m = th_m[:, :, None] & (b < D // 32)[None, None, :]
+            # §2.3 / §1.8 over the D / 2 pairs of the tile (the plain-Triton encoder: this
+            # path is not the production shape the PTX one was checked on)
             srow = (ti * s_sc0)[:, None] + (hi * s_sc1)[None, :]
-            tl.store(sc_ptr + srow[:, :, None] + b[None, None, :], (E + 127).to(tl.uint8), mask=b_m)
+            _mxfp4_blocks(e, o, out_ptr, orow, sc_ptr + srow[:, :, None], th_m, False,
+                          BLOCK_T, BLOCK_H, BLOCK_P, D // 2)
             # weights_out = RN32(RN32(w·S)·Hs): no q scale.
             wo = (w * softmax_scale) * head_scale
         else:
