@@ -309,6 +309,12 @@ def _rope_insert(kind, cr, sanitize=False, nonfinite=False, cs_dtype=F32, seed=7
     def build(device):
         n, bs, nb = 24, 64, 5
         latent = edge_rows(n + 2, 512, seed, nonfinite).to(BF16)
+        if nonfinite:
+            # NaNs of both signs (a NaN's sign must not reach a code or a byte): the bf16
+            # conversion made them 0xFFFF, every third column gets 0x7FC0
+            bits = latent.view(torch.int16)
+            bits[:, ::3] = torch.where(latent[:, ::3].isnan(),
+                                       torch.tensor(0x7FC0, dtype=torch.int16), bits[:, ::3])
         latent[n:] = float("nan")
         max_pos = 70000 if large_pos else 512
         pos = torch.randint(0, max_pos, (n + 2,), generator=_gen(seed), dtype=I64)

@@ -12,6 +12,7 @@
 #     profile   Nsight Compute sections of one call per CUDA implementation (PROFILE_ARGS)
 #     sanitize  compute-sanitizer memcheck and racecheck over the conformance and fuzz inputs
 #   STEP_LIMIT  seconds per step before it is stopped (default 540)
+#   GPU_PYTEST_K / FUZZ_K / SANITIZE_K  narrow the tests / fuzz / sanitizer runs (pytest -k)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -39,7 +40,8 @@ for step in $STEPS; do
       timeout "$LIMIT" $PY -m pytest -q -p no:cacheprovider -m "not slow" \
         tests/test_conformance.py tests/test_golden.py tests/test_gpu.py tests/test_interchange.py \
         tests/test_transcode.py tests/test_launch_shapes.py tests/test_nvfp4_quotient.py \
-        tests/test_triton_cache_kernels.py ${GPU_PYTEST_ARGS:-} > "$OUT/pytest.txt" 2>&1
+        tests/test_triton_cache_kernels.py ${GPU_PYTEST_K:+-k "$GPU_PYTEST_K"} ${GPU_PYTEST_ARGS:-} \
+        > "$OUT/pytest.txt" 2>&1
       echo "pytest rc=$?" >> "$OUT/pytest.txt"
       timeout "$LIMIT" $PY -m pytest -q -p no:cacheprovider tests/test_fuzz.py -k "impl_matches and cuda${FUZZ_K:+ and ($FUZZ_K)}" \
         > "$OUT/fuzz.txt" 2>&1

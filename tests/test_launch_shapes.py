@@ -50,6 +50,45 @@ def test_large_launch_shapes(case, impl, monkeypatch):
         assert w.numel() == g.numel() and torch.equal(w, g), f"arg {i}: {int((w != g).sum())} bytes differ"
 
 
+RQI_288 = [c for c in CASES if c.op == "rope_quant_insert" and c.id.split("[")[-1].startswith("288")]
+CUDA_TRITON = [i for i in TRITON_IMPLS if i.device == "cuda"]
+
+
+def _rope_288_shapes():
+    from dsv41.backends.triton.sweep import SPACES
+
+    return [(s["bt"], s["nw"]) for s in SPACES["rope_quant_insert [288]"][1]]
+
+
+@pytest.mark.parametrize("shape", _rope_288_shapes(), ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("case", RQI_288, ids=[c.id for c in RQI_288])
+@pytest.mark.parametrize("impl", CUDA_TRITON or [None], ids=[i.name for i in CUDA_TRITON] or ["none"])
+def test_rope_288_every_swept_shape(impl, case, shape, monkeypatch):
+    """Every launch shape the sweep may pick for the 288 record's rope writer (its NVIDIA
+    path tiles the row per launch shape) writes the reference's bytes, so the sweep's choice
+    needs no second GPU run."""
+    if impl is None:
+        pytest.skip("needs the CUDA Triton implementation")
+    why = impl.skip_reason(case.op)
+    if why:
+        pytest.skip(why)
+    from dsv41.backends.triton import cache_kernels
+
+    table = dict(cache_kernels.CONFIG["variant"], **{"rope:288": shape, "rope:288:decode": shape})
+    monkeypatch.setitem(cache_kernels.CONFIG, "variant", table)
+    args = case.build("cpu")
+    want = clone_args(args)
+    ReferenceBackend().load(case.op)(*want)
+    got = _on(impl.device, clone_args(args))
+    impl.kernel(case.op)(*got)
+    torch.cuda.synchronize()
+    for i in case.writes:
+        if want[i] is None:
+            continue
+        w, g = written_bytes(want[i]), written_bytes(got[i])
+        assert w.numel() == g.numel() and torch.equal(w, g), f"arg {i}: {int((w != g).sum())} bytes differ"
+
+
 def test_pdl_only_on_cuda_and_switchable(monkeypatch):
     """Programmatic dependent launch is a CUDA (SM90+) launch attribute: never for other
     devices, and ``DSV41_PDL=0`` turns it off (the kernels then run in plain stream order)."""
@@ -62,6 +101,23 @@ def test_pdl_only_on_cuda_and_switchable(monkeypatch):
         monkeypatch.setenv("DSV41_PDL", "1")
         launch._pdl_capable.cache_clear()
         assert launch.pdl(torch.device("cuda", 0)) == (torch.cuda.get_device_capability(0)[0] >= 9)
+
+
+def test_pdl_only_for_decode_launches_and_native_kernels(monkeypatch):
+    """Only launches of at most DECODE_T tokens take PDL, and never the portable (ROCm / XPU)
+    kernels, even on an NVIDIA GPU."""
+    from dsv41.backends.triton import conversions
+
+    monkeypatch.setattr(launch, "pdl", lambda device: True)  # as on an SM90+ GPU
+    assert launch.decode_pdl(torch.device("cuda", 0), launch.DECODE_T) is True
+    assert launch.decode_pdl(torch.device("cuda", 0), launch.DECODE_T + 1) is False
+    monkeypatch.undo()
+    monkeypatch.delenv("DSV41_PDL", raising=False)
+    launch._pdl_capable.cache_clear()
+    with conversions.portable():
+        assert launch.PDL_OVERRIDE is False
+        assert launch.pdl(torch.device("cuda", 0)) is False
+    assert launch.PDL_OVERRIDE is None
 
 
 def test_host_integer_helpers_and_span():

@@ -58,6 +58,19 @@ class AotSpec:
 AOT_SPECS: list = []
 
 
+def constexpr_params(kernel) -> set:
+    """Names of a ``@triton.jit`` kernel's ``tl.constexpr`` parameters, from its Python
+    signature (works for the interpreter's wrapper too; a module with postponed annotations
+    has them as strings)."""
+    import inspect
+
+    return {
+        name for name, prm in inspect.signature(kernel.fn).parameters.items()
+        if (prm.annotation if isinstance(prm.annotation, str)
+            else getattr(prm.annotation, "__name__", "")).endswith("constexpr")
+    }
+
+
 def register(spec: AotSpec) -> None:
     """Append ``spec`` (ignored when its kernel is an interpreter function or already listed)."""
     kernel = spec.kernel

@@ -102,8 +102,8 @@ CONFIG = {
     # The second sweep (after the instruction-count changes, cold-L2 timing,
     # docs/measurements/h200-sweep-2.txt) moved insert 584 and the gathers; the third
     # (session 4, pair-word rope writers, h200-sweep-3.txt) kept rope 584 / 528 / bf16 at
-    # these shapes (within 0.01 of the best) and moved rope 288 (0.53 vs 0.50 of copy;
-    # 1.66 vs 1.79 us at 64 tokens).
+    # these shapes (within 0.01 of the best).  Rope 288: session-5 sweep of its bf16x2 NVIDIA
+    # path (h200-sweep-5.jsonl): 4 x 1 0.83 of copy (16 x 4: 0.69), decode 1 x 1 1.21 us.
     "variant": {
         "insert:584": (8, 2), "insert:584:decode": (4, 4),
         "insert:528": (8, 8), "insert:528:decode": (4, 4),
@@ -112,7 +112,7 @@ CONFIG = {
         "gather:288": (8, 8), "gather:288:decode": (4, 8),
         "rope:584": (4, 4), "rope:584:decode": (4, 4),
         "rope:528:decode": (4, 4),
-        "rope:288": (16, 4), "rope:288:decode": (1, 4),
+        "rope:288": (4, 1), "rope:288:decode": (1, 1),
         "rope:bf16:decode": (4, 8),
         "indexer:fp8": (32, 8), "indexer:fp8:decode": (8, 4),
         "norm1:None": (1, 2), "norm1:None:decode": (1, 4),
@@ -467,29 +467,40 @@ def _nope_rot(e, o, SANITIZE: tl.constexpr):
 
 
 @triton.jit
+def _latent_words(x_ptr, row, p, m, WORDS: tl.constexpr):
+    """The bf16 pairs ``p`` (elements 2p, 2p+1) of the rows at ``row`` as int32 words, element
+    2p in the low half (``row`` and ``p`` broadcast together; off ``m`` read as 0).
+
+    WORDS: ``x_ptr`` is an int32 view of the rows and ``row`` counts words, one load per pair.
+    Otherwise (rows not 4-byte aligned) ``x_ptr`` is an int16 view, ``row`` counts elements,
+    and each word is put together from two element loads."""
+    if WORDS:
+        w = tl.load(x_ptr + row + p, mask=m, other=0)
+    else:
+        lo = tl.load(x_ptr + row + 2 * p, mask=m, other=0).to(tl.int32)
+        hi = tl.load(x_ptr + row + 2 * p + 1, mask=m, other=0).to(tl.int32)
+        w = (lo & 0xFFFF) | (hi << 16)
+    return w
+
+
+@triton.jit
 def _bf16_pairs(x_ptr, row, P0: tl.constexpr, NP: tl.constexpr, NLIM: tl.constexpr, rmask,
                 WORDS: tl.constexpr):
     """bf16 elements (2i, 2i+1) for pairs i = P0 .. P0+NP-1 of the rows at ``row`` as fp32
     (e, o) ``[BT, NP]``; lanes i >= P0 + NLIM and rows off ``rmask`` read as 0.
 
-    WORDS: ``x_ptr`` is an int32 view of the rows and ``row`` counts words.  A pair is then
-    one 4-byte word, element 2i in its low half, and the two halves *are* the two values: no
-    split of interleaved lanes (which cost shuffles and moves in every writer that pairs
-    elements).  Otherwise (rows not 4-byte aligned) ``x_ptr`` is an int16 view, ``row``
-    counts elements, and each pair is split from a ``[BT, NP, 2]`` load."""
+    A pair is one 4-byte word (``_latent_words``), element 2i in its low half, and the two
+    halves *are* the two values: no split of interleaved lanes (which cost shuffles and moves
+    in every writer that pairs elements)."""
     i = tl.arange(0, NP)
     m = rmask[:, None] & (i < NLIM)[None, :]
-    if WORDS:
-        w = tl.load(x_ptr + row[:, None] + (P0 + i)[None, :], mask=m, other=0)
-    else:
-        k = tl.arange(0, 2)
-        h = tl.load(x_ptr + row[:, None, None] + 2 * (P0 + i)[None, :, None] + k[None, None, :],
-                    mask=m[:, :, None], other=0).to(tl.int32)
-        lo, hi = tl.split(h)
-        w = (lo & 0xFFFF) | (hi << 16)
-    e = (w << 16).to(tl.float32, bitcast=True)
-    o = (w & -65536).to(tl.float32, bitcast=True)
-    return e, o
+    return _word_halves(_latent_words(x_ptr, row[:, None], (P0 + i)[None, :], m, WORDS))
+
+
+@triton.jit
+def _word_halves(w):
+    """The two bf16 values of pair words as fp32: (low half, high half)."""
+    return (w << 16).to(tl.float32, bitcast=True), (w & -65536).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -582,6 +593,167 @@ def _e2m1_code_of_quotient(x, S):
     return tl.where(x != x, 7, c)
 
 
+@triton.jit
+def _nope_rot_words(w, SANITIZE: tl.constexpr):
+    """``_nope_rot`` on bf16 pair words (NVIDIA PTX): e' = fma(o, -0, e), o' = fma(e, +0, o)
+    in one ``fma.rn.bf16x2`` of the half-swapped word -- exact (a zero or NaN product added to
+    a bf16 value), the same zero signs and NaNs as ``e + -(o * 0)`` / ``o + e * 0``, NaN as
+    the canonical +NaN 0x7FFF.  SANITIZE: NaN halves -> +0 (``set.num`` mask).  The (-0, +0)
+    multiplier is an operand (0x8000 in the low half)."""
+    k = tl.full(w.shape, 0x00008000, tl.int32)
+    if SANITIZE:
+        return tl.inline_asm_elementwise(
+            """
+            {
+            .reg .b32 s, r, n;
+            prmt.b32 s, $1, 0, 0x1032;
+            fma.rn.bf16x2 r, s, $2, $1;
+            set.num.u32.bf16x2 n, r, r;
+            and.b32 $0, r, n;
+            }
+            """,
+            "=r,r,r", [w, k], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        return tl.inline_asm_elementwise(
+            """
+            {
+            .reg .b32 s;
+            prmt.b32 s, $1, 0, 0x1032;
+            fma.rn.bf16x2 $0, s, $2, $1;
+            }
+            """,
+            "=r,r,r", [w, k], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _max_bf16x2(a, b):
+    """Half-wise max of two bf16x2 words; a NaN half loses (``max.bf16x2``, IEEE maxNum)."""
+    return tl.inline_asm_elementwise("max.bf16x2 $0, $1, $2;", "=r,r,r", [a, b],
+                                     dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _e2m1_thresholds_bf16x2(S):
+    """t * S for the seven e2m1 thresholds t (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) as bf16x2
+    words (the same value in both halves).  Exact: S (an e4m3 value, >= 2^-9) has <= 4
+    significant bits and t <= 3, so t * S fits bf16's 8; fma with a -0 addend is the product."""
+    return tl.inline_asm_elementwise(
+        """
+        {
+        .reg .b32 s, z, k;
+        cvt.rn.bf16x2.f32 s, $7, $7;
+        mov.b32 z, 0x80008000;
+        mov.b32 k, 0x3E803E80;
+        fma.rn.bf16x2 $0, s, k, z;
+        mov.b32 k, 0x3F403F40;
+        fma.rn.bf16x2 $1, s, k, z;
+        mov.b32 k, 0x3FA03FA0;
+        fma.rn.bf16x2 $2, s, k, z;
+        mov.b32 k, 0x3FE03FE0;
+        fma.rn.bf16x2 $3, s, k, z;
+        mov.b32 k, 0x40204020;
+        fma.rn.bf16x2 $4, s, k, z;
+        mov.b32 k, 0x40604060;
+        fma.rn.bf16x2 $5, s, k, z;
+        mov.b32 k, 0x40A040A0;
+        fma.rn.bf16x2 $6, s, k, z;
+        }
+        """,
+        "=r,=r,=r,=r,=r,=r,=r,f", [S], dtype=(tl.int32,) * 7, is_pure=True, pack=1)
+
+
+@triton.jit
+def _e2m1x2_of_quotient_words(a, r, t025, t075, t125, t175, t25, t35, t5):
+    """``_e2m1_code_of_quotient`` for both halves of a bf16 pair word at once (NVIDIA PTX):
+    ``a`` the word with the signs cleared, ``r`` the word (for the signs), ``t*`` the
+    thresholds t * S as bf16x2 (``_e2m1_thresholds_bf16x2``) -> each half's code in its top
+    nibble (bits 12-15 / 28-31; ``_e2m1x2_bytes`` makes the byte).  Comparing two bf16 values
+    is comparing their fp32 values, so this is the same three-compare binary search; the
+    unordered compares (``geu`` / ``gtu``) pass a NaN through all three: code 7 (the
+    canonical NaN has a clear sign bit).  The compare masks select into bits 12-14 and the
+    sign is already bit 15."""
+    return tl.inline_asm_elementwise(
+        """
+        {
+        .reg .b32 h, m, l, t, u, v;
+        set.geu.u32.bf16x2 h, $1, $6;
+        lop3.b32 t, h, $8, $4, 0xCA;
+        set.geu.u32.bf16x2 m, $1, t;
+        lop3.b32 u, m, $9, $7, 0xCA;
+        lop3.b32 v, m, $5, $3, 0xCA;
+        lop3.b32 t, h, u, v, 0xCA;
+        set.gtu.u32.bf16x2 l, $1, t;
+        lop3.b32 t, h, m, 0x40004000, 0xE4;
+        lop3.b32 t, t, l, 0x60006000, 0xE4;
+        lop3.b32 $0, $2, t, 0x80008000, 0xE4;
+        }
+        """,
+        "=r,r,r,r,r,r,r,r,r,r", [a, r, t025, t075, t125, t175, t25, t35, t5],
+        dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _e2m1x2_bytes(c):
+    """Packed NVFP4 bytes (low nibble: the low half's code) of words holding the two codes
+    in their top nibbles (``_e2m1x2_of_quotient_words``), four words per step: two ``prmt``
+    gather the bytes holding the low codes and those holding the high codes, and one
+    shift + ``lop3`` merges the nibbles -- 1.5 instructions per byte instead of shifting
+    each word and re-packing bytes for the store."""
+    return tl.inline_asm_elementwise(
+        """
+        {
+        .reg .b32 x, y, lo, hi;
+        prmt.b32 x, $1, $2, 0x7531;
+        prmt.b32 y, $3, $4, 0x7531;
+        prmt.b32 lo, x, y, 0x6420;
+        prmt.b32 hi, x, y, 0x7531;
+        shr.b32 lo, lo, 4;
+        lop3.b32 $0, lo, hi, 0x0F0F0F0F, 0xE4;
+        }
+        """,
+        "=r,r,r,r,r", [c], dtype=tl.uint8, is_pure=True, pack=4)
+
+
+@triton.jit
+def _nvfp4_words(w, SANITIZE: tl.constexpr):
+    """``_nvfp4_pairs`` for the NoPE pairs, from their bf16 words ``[BT, NG, 8]`` (NVIDIA
+    PTX): the NoPE values are bf16 values, so rotation, amax and the e2m1 compares all run
+    on both halves of a word at once.  -> (packed bytes ``[BT, NG, 8]``, e4m3 scale bytes
+    ``[BT, NG]``)."""
+    r = _nope_rot_words(w, SANITIZE)
+    a = r & 0x7FFF7FFF
+    am = tl.reduce(a, 2, _max_bf16x2)
+    amax = tl.maximum((am << 16).to(tl.float32, bitcast=True),
+                      (am & -65536).to(tl.float32, bitcast=True))
+    sf = tl.minimum(tl.maximum(amax * (1.0 / 6.0), 0.001953125), 448.0)
+    sb = _e4m3_encode(sf, False, False)
+    t025, t075, t125, t175, t25, t35, t5 = _e2m1_thresholds_bf16x2(_e4m3_decode(sb, False, False))
+    return _e2m1x2_bytes(_e2m1x2_of_quotient_words(
+        a, r, tl.broadcast_to(t025[:, :, None], a.shape), tl.broadcast_to(t075[:, :, None], a.shape),
+        tl.broadcast_to(t125[:, :, None], a.shape), tl.broadcast_to(t175[:, :, None], a.shape),
+        tl.broadcast_to(t25[:, :, None], a.shape), tl.broadcast_to(t35[:, :, None], a.shape),
+        tl.broadcast_to(t5[:, :, None], a.shape))), sb
+
+
+@triton.jit
+def _nvfp4_tile_index(G0: tl.constexpr, NG: tl.constexpr):
+    """Pair (= packed byte) index ``[NG, 8]`` of the 288 record's groups G0 .. G0+NG-1."""
+    return (G0 + tl.arange(0, NG))[:, None] * 8 + tl.arange(0, 8)[None, :]
+
+
+@triton.jit
+def _nvfp4_tile_store(w, cache_ptr, vbase, valid, G0: tl.constexpr, NG: tl.constexpr,
+                      SANITIZE: tl.constexpr):
+    """288 record, NVIDIA PTX: the NoPE words ``w [BT, NG, 8]`` of groups G0 .. quantized
+    by ``_nvfp4_words``; the packed bytes are stored at ``vbase``, the scale bytes returned
+    (the caller stores them last: with more than one warp their store goes through shared
+    memory and a barrier, which would hold back the loads and stores after it)."""
+    pp = _nvfp4_tile_index(G0, NG)
+    b, sb = _nvfp4_words(w, SANITIZE)
+    tl.store(cache_ptr + vbase[:, None, None] + pp[None, :, :], b, mask=valid[:, None, None])
+    return sb
+
+
 # --------------------------------------------------------------------------------------
 # quantize_and_insert_k_cache (spec cache_ops §3)
 # --------------------------------------------------------------------------------------
@@ -593,7 +765,9 @@ def _quant_insert_kernel(
     NG: tl.constexpr, G: tl.constexpr, NQ: tl.constexpr, VB: tl.constexpr, SB: tl.constexpr,
     HAS_TAIL: tl.constexpr, TAIL_I16: tl.constexpr, FNUZ: tl.constexpr, SOFT: tl.constexpr,
     EXACT_LOG2: tl.constexpr, BLOCK_T: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    launch.pdl_prologue(PDL)
     FP8_MAX: tl.constexpr = 224.0 if FNUZ else 448.0
     W: tl.constexpr = NG * G
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -642,13 +816,14 @@ def quantize_and_insert_k_cache(k, k_cache, slot_mapping, block_size, use_fnuz, 
     v41 = bytes_per_token == 528
     BT, NW = _shape("insert", bytes_per_token, T)
     page_stride = k_cache.stride(0)
+    pdl = launch.decode_pdl(k_cache.device, T)
     _quant_insert_kernel[(launch.cdiv(T, BT),)](
         k, k.stride(0), k_cache, page_stride, slot_mapping, T, block_size,
         NG=16 if v41 else 8, G=32 if v41 else 64, NQ=16 if v41 else 7,
         VB=512 if v41 else 576, SB=16 if v41 else 8,
         HAS_TAIL=not v41, TAIL_I16=_align(k_cache, page_stride) >= 2,
         FNUZ=bool(use_fnuz), SOFT=_soft(k_cache), EXACT_LOG2=_exact_log2(),
-        BLOCK_T=BT, num_warps=NW,
+        BLOCK_T=BT, PDL=pdl, num_warps=NW, **launch.pdl_kwargs(pdl),
     )
 
 
@@ -663,7 +838,9 @@ def _gather_kernel(
     bt_ptr, bt_s0, block_size: tl.constexpr, offset,
     REC: tl.constexpr, HAS_GL: tl.constexpr, TAIL_I16: tl.constexpr, FNUZ: tl.constexpr,
     SOFT: tl.constexpr, BLOCK_T: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    launch.pdl_prologue(PDL)
     r = tl.program_id(0)
     w = tl.program_id(1)
     nw = tl.num_programs(1)
@@ -751,13 +928,14 @@ def dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_tab
     BT, NW = _shape("gather", rec, rows * R)
     workers = max(1, min(launch.cdiv(rows, BT), launch.cdiv(CONFIG["gather_programs"], R)))
     page_stride = k_cache.stride(0)
+    pdl = launch.decode_pdl(out.device, rows * R)
     _gather_kernel[(R, workers)](
         out, out.stride(0), out.stride(1), k_cache, page_stride, seq_lens,
         gather_lens if gather_lens is not None else seq_lens,
         block_table, block_table.stride(0), block_size, offset,
         REC=int(rec), HAS_GL=gather_lens is not None, TAIL_I16=_align(k_cache, page_stride) >= 2,
-        FNUZ=bool(use_fnuz), SOFT=_soft(k_cache), BLOCK_T=BT,
-        num_warps=NW,
+        FNUZ=bool(use_fnuz), SOFT=_soft(k_cache), BLOCK_T=BT, PDL=pdl,
+        num_warps=NW, **launch.pdl_kwargs(pdl),
     )
 
 
@@ -775,9 +953,12 @@ def _rope_quant_insert_kernel(
     CR: tl.constexpr, MODE: tl.constexpr, SANITIZE: tl.constexpr, WORDS: tl.constexpr,
     ALIGN: tl.constexpr, SOFT: tl.constexpr, PTX: tl.constexpr, EXACT_LOG2: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    launch.pdl_prologue(PDL)
     # The latent is read as pairs (e, o) = dims (2i, 2i+1), i < 256: pairs 0..223 are NoPE
-    # (a 256-lane tile, lanes >= 224 masked off), 224..255 the RoPE dims.  Every record
+    # (a 256-lane tile, lanes >= 224 masked off; 288 on NVIDIA reads its own tiles, and the
+    # unused loads compile away), 224..255 the RoPE dims.  Every record
     # stores per pair (two e4m3 bytes, one e2m1 byte, two bf16 values), so nothing is ever
     # interleaved back.  Offsets: lat_s0 in words (WORDS) or elements; cache in bytes.
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -791,11 +972,13 @@ def _rope_quant_insert_kernel(
         rmask = tmask  # rows load without waiting for the slot load (skipped: never stored)
     crow = (pos // CR) * CR * cs_s0  # cos/sin row of the group's first position
     lrow = t.to(tl.int64) * lat_s0
-    ne, no = _bf16_pairs(lat_ptr, lrow, 0, 256, 224, rmask, WORDS)
-    re, ro = _bf16_pairs(lat_ptr, lrow, 224, 32, 32, rmask, WORDS)
-    re, ro = _rope_cs(re, ro, cs_ptr, crow, rmask, SANITIZE)
     p = tl.arange(0, 256)
     pm = valid[:, None] & (p < 224)[None, :]
+    wn = _latent_words(lat_ptr, lrow[:, None], p[None, :], rmask[:, None] & (p < 224)[None, :],
+                       WORDS)
+    ne, no = _word_halves(wn)
+    re, ro = _bf16_pairs(lat_ptr, lrow, 224, 32, 32, rmask, WORDS)
+    re, ro = _rope_cs(re, ro, cs_ptr, crow, rmask, SANITIZE)
     i = tl.arange(0, 32)
     vm = valid[:, None]
 
@@ -815,7 +998,8 @@ def _rope_quant_insert_kernel(
                  code.to(tl.uint8), mask=vm)
         _store_units(cache_ptr, vbase + 448, i, _bf16_word(re, ro, SOFT, PTX), vm, 4, ALIGN >= 4)
     else:
-        ne, no = _nope_rot(ne, no, SANITIZE)
+        if MODE != 2:
+            ne, no = _nope_rot(ne, no, SANITIZE)
         if MODE == 1:
             # 528: rotated fp32 row in 16 UE8M0 groups of 32 (14 NoPE groups + 2 RoPE groups)
             qn, cn = _ue8m0_pairs(tl.reshape(ne, (BLOCK_T, 16, 16)), tl.reshape(no, (BLOCK_T, 16, 16)),
@@ -834,17 +1018,51 @@ def _rope_quant_insert_kernel(
         elif MODE == 2:
             # 288: NVFP4 groups of 16 = 8 pairs (28 NoPE groups + 4 RoPE groups), one byte per
             # pair, e4m3 scale bytes
-            pn, sn = _nvfp4_pairs(tl.reshape(ne, (BLOCK_T, 32, 8)), tl.reshape(no, (BLOCK_T, 32, 8)),
-                                  SOFT)
             vbase = page + tok * 256
-            _store_units(cache_ptr, vbase, p, tl.reshape(pn, (BLOCK_T, 256)), pm, 1, True)
-            pr, sr = _nvfp4_pairs(tl.reshape(re, (BLOCK_T, 4, 8)), tl.reshape(ro, (BLOCK_T, 4, 8)),
-                                  SOFT)
-            _store_units(cache_ptr, vbase + 224, i, tl.reshape(pr, (BLOCK_T, 32)), vm, 1, True)
             sbase = page + block_size * 256 + tok * 32
-            g = tl.arange(0, 32)
-            tl.store(cache_ptr + sbase[:, None] + g[None, :], sn,
-                     mask=vm & (g < 28)[None, :])
+            # RoPE: 4 groups, loaded as [BT, 4, 8] (no reshape of the 2-D pairs)
+            pr = _nvfp4_tile_index(28, 4) - 224
+            wr = _latent_words(lat_ptr, lrow[:, None, None], 224 + pr[None, :, :],
+                               rmask[:, None, None], WORDS)
+            c3 = tl.load(cs_ptr + crow[:, None, None] + pr[None, :, :], mask=rmask[:, None, None],
+                         other=1.0).to(tl.float32)
+            s3 = tl.load(cs_ptr + crow[:, None, None] + 32 + pr[None, :, :],
+                         mask=rmask[:, None, None], other=0.0).to(tl.float32)
+            if PTX:
+                # NoPE in tiles of 16 + 8 + 4 groups (no masked lanes), every load issued
+                # before the first store
+                m3 = rmask[:, None, None]
+                l3 = lrow[:, None, None]
+                w0 = _latent_words(lat_ptr, l3, _nvfp4_tile_index(0, 16)[None, :, :], m3, WORDS)
+                w1 = _latent_words(lat_ptr, l3, _nvfp4_tile_index(16, 8)[None, :, :], m3, WORDS)
+                w2 = _latent_words(lat_ptr, l3, _nvfp4_tile_index(24, 4)[None, :, :], m3, WORDS)
+                s0 = _nvfp4_tile_store(w0, cache_ptr, vbase, valid, 0, 16, SANITIZE)
+                s1 = _nvfp4_tile_store(w1, cache_ptr, vbase, valid, 16, 8, SANITIZE)
+                s2 = _nvfp4_tile_store(w2, cache_ptr, vbase, valid, 24, 4, SANITIZE)
+            else:
+                ne, no = _nope_rot(ne, no, SANITIZE)
+                pn, sn = _nvfp4_pairs(tl.reshape(ne, (BLOCK_T, 32, 8)),
+                                      tl.reshape(no, (BLOCK_T, 32, 8)), SOFT)
+                _store_units(cache_ptr, vbase, p, tl.reshape(pn, (BLOCK_T, 256)), pm, 1, True)
+            re3, ro3 = _word_halves(wr)
+            re3, ro3 = _rope(re3, ro3, c3, s3)
+            if SANITIZE:
+                re3 = tl.where(re3 != re3, 0.0, re3)
+                ro3 = tl.where(ro3 != ro3, 0.0, ro3)
+            br, sr = _nvfp4_pairs(re3, ro3, SOFT)
+            tl.store(cache_ptr + (vbase + 224)[:, None, None] + pr[None, :, :], br,
+                     mask=valid[:, None, None])
+            if PTX:
+                g16 = tl.arange(0, 16)
+                tl.store(cache_ptr + sbase[:, None] + g16[None, :], s0, mask=vm)
+                g8 = tl.arange(0, 8)
+                tl.store(cache_ptr + (sbase + 16)[:, None] + g8[None, :], s1, mask=vm)
+                g4 = tl.arange(0, 4)
+                tl.store(cache_ptr + (sbase + 24)[:, None] + g4[None, :], s2, mask=vm)
+            else:
+                g = tl.arange(0, 32)
+                tl.store(cache_ptr + sbase[:, None] + g[None, :], sn,
+                         mask=vm & (g < 28)[None, :])
             g4 = tl.arange(0, 4)
             tl.store(cache_ptr + (sbase + 28)[:, None] + g4[None, :], sr, mask=vm)
         else:
@@ -898,6 +1116,7 @@ def rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, 
     words = (latent.data_ptr() % 4 == 0 and latent.stride(0) % 2 == 0
              and latent.storage_offset() % 2 == 0)
     lat = latent.view(torch.int32) if words else latent.view(torch.int16)
+    pdl = launch.decode_pdl(kv_cache.device, T)
     BT, NW = _shape("rope", {_MODE_584: 584, _MODE_528: 528, _MODE_288: 288, _MODE_BF16: "bf16",
                              _MODE_FP8: "fp8"}[mode], T)
     _rope_quant_insert_kernel[(launch.cdiv(T, BT),)](
@@ -906,7 +1125,7 @@ def rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, 
         fp8_scale if fp8_scale is not None else slot_mapping, T, B,
         CR=int(compress_ratio), MODE=mode, SANITIZE=bool(sanitize_nans), WORDS=words,
         ALIGN=_align(cache, page_stride, row_stride), SOFT=_soft(kv_cache), PTX=_ptx(kv_cache),
-        EXACT_LOG2=_exact_log2(), BLOCK_T=BT, num_warps=NW,
+        EXACT_LOG2=_exact_log2(), BLOCK_T=BT, PDL=pdl, num_warps=NW, **launch.pdl_kwargs(pdl),
     )
 
 
@@ -956,7 +1175,9 @@ def _indexer_k_kernel(
     block_size: tl.constexpr,
     CR: tl.constexpr, FP4: tl.constexpr, TILED: tl.constexpr, NPT: tl.constexpr,
     SOFT: tl.constexpr, EXACT_LOG2: tl.constexpr, BLOCK_T: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    launch.pdl_prologue(PDL)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < T
     valid, page, o = _slot_page(slot_ptr, t, T, block_size, page_stride)
@@ -1040,14 +1261,15 @@ def indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, rms_norm_weight, 
         return
     fp4 = bool(use_fp4_cache)
     BT, NW = _shape("indexer", "mxfp4" if fp4 else "fp8", T)
+    pdl = launch.decode_pdl(k_cache.device, T)
     _indexer_k_kernel[(launch.cdiv(T, BT),)](
         k_pre, k_pre.stride(0), positions, cos_sin_cache, cos_sin_cache.stride(0),
         rms_norm_weight, float(rms_norm_eps), k_cache, k_cache.stride(0), kv_slot_mapping, T,
         k_cache.shape[1],
         CR=int(compress_ratio), FP4=fp4, TILED=bool(tiled),
         NPT=int(mxfp4_n_per_tile) if (fp4 and tiled) else 16,
-        SOFT=_soft(k_cache), EXACT_LOG2=_exact_log2(), BLOCK_T=BT,
-        num_warps=NW,
+        SOFT=_soft(k_cache), EXACT_LOG2=_exact_log2(), BLOCK_T=BT, PDL=pdl,
+        num_warps=NW, **launch.pdl_kwargs(pdl),
     )
 
 
@@ -1077,11 +1299,8 @@ def _compress_norm_kernel(
     CR: tl.constexpr, SOFT: tl.constexpr, BLOCK_T: tl.constexpr, SPEC: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
-    if PDL:
-        # launched as a PDL secondary: wait for the previous kernel's writes, then let the
-        # ring save (our own PDL secondary) be scheduled while this kernel runs
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    # PDL: the ring save (our own PDL secondary) is scheduled while this kernel runs
+    launch.pdl_prologue(PDL)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < T
     slot = tl.load(slot_ptr + t, mask=tmask, other=-1)
@@ -1170,9 +1389,9 @@ def _ring_save_kernel(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, slot_ptr, qsl_pt
     one of the chunk's last min(e - s, cap) rows, inside the batch (u < T), its slot is >= 0
     and the chunk's first slot is >= 0.  No loop: the slots and the row load together once
     s and e are known (two dependent round trips for a decode-sized save).  With PDL it
-    waits for the pooling kernel (every ring read) before any memory access."""
-    if PDL:
-        tl.extra.cuda.gdc_wait()
+    waits for the pooling kernel (every ring read) before any memory access, and lets the
+    next PDL kernel launch."""
+    launch.pdl_prologue(PDL)
     r = tl.program_id(0)
     k = tl.program_id(1)
     s = tl.load(qsl_ptr + r)
@@ -1196,18 +1415,18 @@ def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, que
         return
     soft = _soft(latent_out)
     eps = float(rms_norm_eps)
+    pdl = launch.decode_pdl(latent_out.device, T)
     if compress_ratio == 1:
         BT, NW = _shape("norm1", None, T)
         _compress_norm_kernel[(launch.cdiv(T, BT),)](
             kv_score, kv_score.stride(0), slot_mapping, kv_score, 0, 0, 1, slot_mapping,
             slot_mapping, slot_mapping, rms_norm_weight, eps, latent_out, latent_out.stride(0), T,
-            CR=1, SOFT=soft, BLOCK_T=BT, num_warps=NW,
+            CR=1, SOFT=soft, BLOCK_T=BT, PDL=pdl, num_warps=NW, **launch.pdl_kwargs(pdl),
         )
         return
     cap = state_cache.shape[1]
     BT, NW = _shape("norm2", None, T)
-    # decode sizes: PDL, so the ring save's launch overlaps the pooling kernel
-    pdl = T <= launch.DECODE_T and launch.pdl(latent_out.device)
+    # decode sizes: PDL, so the ring save's launch also overlaps the pooling kernel
     _compress_norm_kernel[(launch.cdiv(T, BT),)](
         kv_score, kv_score.stride(0), positions, state_cache, state_cache.stride(0),
         state_cache.stride(1), cap, slot_mapping, query_start_loc, token_to_req_indices,
@@ -1286,9 +1505,13 @@ def _register_aot() -> None:
         types = rope_t
         for targets, soft, flav in vendors:
             for t in targets:
-                sanitize = t == "gfx950" and mode in (_MODE_584, _MODE_528)
+                # a sanitizing build per writer family (288: its PTX NoPE path masks NaN
+                # with set.num, so sm100 builds that variant)
+                sanitize = ((t == "gfx950" and mode in (_MODE_584, _MODE_528))
+                            or (t == "sm100" and mode == _MODE_288))
                 add(_rope_quant_insert_kernel, f"{name},{flav},{t}", types, dict(
                     block_size=AOT_BLOCK_SIZE, CR=1, MODE=mode, SANITIZE=sanitize, WORDS=True, ALIGN=4, SOFT=soft, PTX=not soft, EXACT_LOG2=True,
+                    PDL=t == "sm100",  # the decode launch's PDL prologue, built for sm100
                     BLOCK_T=_shape("rope", var)[0]), (t,), _shape("rope", var)[1], ("lat_ptr", "lat_s0", "cs_ptr", "cs_s0", "cache_ptr", "page_stride",
                                                  "row_stride"))
 

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import contextlib
 
-from . import cache_kernels, rope_kernels
+from . import cache_kernels, launch, rope_kernels
 
 
 @contextlib.contextmanager
 def portable():
     """Force the integer-encoder conversion path of every shared Triton kernel (not thread-safe)."""
-    saved = cache_kernels.CONFIG["soft_fp8"], rope_kernels.CVT_HW_OVERRIDE
+    saved = cache_kernels.CONFIG["soft_fp8"], rope_kernels.CVT_HW_OVERRIDE, launch.PDL_OVERRIDE
     cache_kernels.CONFIG["soft_fp8"], rope_kernels.CVT_HW_OVERRIDE = True, False
+    launch.PDL_OVERRIDE = False  # nor PDL: NVIDIA-only, as the paired PTX converts
     try:
         yield
     finally:
-        cache_kernels.CONFIG["soft_fp8"], rope_kernels.CVT_HW_OVERRIDE = saved
+        cache_kernels.CONFIG["soft_fp8"], rope_kernels.CVT_HW_OVERRIDE, launch.PDL_OVERRIDE = saved

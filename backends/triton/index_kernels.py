@@ -118,8 +118,9 @@ def _global_topk_kernel(
     out_ptr, s_out0, s_out1,
     lens_ptr, s_lens,
     N, K, B: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    launch.pdl_prologue(PDL)
     # B (the page size) is a constexpr: pos // B and pos % B by a constant (a shift and a
     # mask for a power of two) instead of an integer division per index
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -153,15 +154,17 @@ def compute_global_topk_indices_and_lens(
     if N == 0:
         return None
     # One token per program (measured best on the H200): whole rows in one step at decode
-    # sizes (latency), 512-column steps at prefill sizes (bandwidth).
+    # sizes (latency; 16 warps up to DECODE_T rows: 2.65 against 2.85 us with 8 at 64 rows,
+    # session-5 sweep without PDL), 512-column steps at prefill sizes (bandwidth).
     if N * K <= 1024 * 2048:
-        block_r, block_c, warps = 1, min(_pow2(K), 2048), 8
+        block_r, block_c, warps = 1, min(_pow2(K), 2048), 16 if N <= launch.DECODE_T else 8
     else:
         block_r, block_c, warps = 1, min(_pow2(K), 512), 4
     cfg = TUNE.get("compute_global_topk_indices_and_lens")
     if cfg:
         block_r, block_c, warps = cfg["BLOCK_R"], cfg["BLOCK_C"], cfg["num_warps"]
     valid = is_valid_token.view(torch.uint8) if is_valid_token.dtype == torch.bool else is_valid_token
+    pdl = launch.decode_pdl(topk_indices.device, N)
     _global_topk_kernel[(launch.cdiv(N, block_r),)](
         topk_indices, topk_indices.stride(0), topk_indices.stride(1),
         token_to_req_indices, token_to_req_indices.stride(0),
@@ -170,7 +173,7 @@ def compute_global_topk_indices_and_lens(
         global_topk_indices, global_topk_indices.stride(0), global_topk_indices.stride(1),
         topk_lens, topk_lens.stride(0),
         N, K, block_size,
-        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps,
+        BLOCK_R=block_r, BLOCK_C=block_c, PDL=pdl, num_warps=warps, **launch.pdl_kwargs(pdl),
     )
     return None
 
@@ -189,7 +192,9 @@ def _combine_topk_swa_kernel(
     T, R, n_iter, W_out,
     window, CR, topk, M, N,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    launch.pdl_prologue(PDL)
     t = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     tmask = t < T
     t64 = t.to(tl.int64)
@@ -256,6 +261,7 @@ def combine_topk_swa_indices(
     R = seq_lens.shape[0]
     W_out = combined_indices.shape[1]
     block_r, block_c, warps = _row_shape("combine_topk_swa_indices", T, W_out)
+    pdl = launch.decode_pdl(topk_indices.device, T)
     _combine_topk_swa_kernel[(launch.cdiv(T, block_r),)](
         topk_indices, topk_indices.stride(0), topk_indices.stride(1), topk_indices.shape[1],
         query_start_loc, query_start_loc.stride(0),
@@ -265,7 +271,7 @@ def combine_topk_swa_indices(
         combined_lens, combined_lens.stride(0),
         T, R, int(R).bit_length(), W_out,
         window_size, compress_ratio, topk, M, N,
-        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps,
+        BLOCK_R=block_r, BLOCK_C=block_c, PDL=pdl, num_warps=warps, **launch.pdl_kwargs(pdl),
     )
     return None
 
@@ -296,7 +302,9 @@ def _flashinfer_mixed_kernel(
     HAS_DCI: tl.constexpr, HAS_DLENS: tl.constexpr, HAS_DVALID: tl.constexpr,
     IS_LOCAL: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    launch.pdl_prologue(PDL)
     pid = tl.program_id(0)
     if pid < n_dec_tiles:
         # ---------------------------------------------------------------- decode rows
@@ -418,6 +426,7 @@ def build_flashinfer_mixed_sparse_indices(
                                          max(W_swa, PT, 1))
     n_dec_tiles = launch.cdiv(D, block_r)
     grid = (n_dec_tiles + launch.cdiv(P, block_r),)
+    pdl = launch.decode_pdl(sparse_indices.device, D + P)
     _flashinfer_mixed_kernel[grid](
         decode_swa_indices, decode_swa_indices.stride(0), decode_swa_indices.stride(1),
         dci, dci.stride(0), dci.stride(1), K_dec,
@@ -437,7 +446,7 @@ def build_flashinfer_mixed_sparse_indices(
         D, P, W_swa, PT, n_dec_tiles,
         window_size, compress_ratio, topk,
         HAS_DCI=has_dci, HAS_DLENS=has_dlens, HAS_DVALID=has_dvalid, IS_LOCAL=is_local,
-        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps,
+        BLOCK_R=block_r, BLOCK_C=block_c, PDL=pdl, num_warps=warps, **launch.pdl_kwargs(pdl),
     )
     return None
 
@@ -445,12 +454,13 @@ def build_flashinfer_mixed_sparse_indices(
 # ------------------------------------------------------------------------------ AOT
 
 
-def _aot_signature(kernel, pointers: dict, constexprs: dict) -> dict:
-    """Triton signature: the given pointer types, "constexpr" for constexprs, i32 else."""
-    return {
-        a: ("constexpr" if a in constexprs else pointers.get(a, "i32"))
-        for a in kernel.arg_names
-    }
+def _aot_signature(kernel, pointers: dict) -> dict:
+    """Triton signature: the given pointer types, "constexpr" for the kernel's constexpr
+    parameters (those a spec does not set build with their defaults), i32 else."""
+    from .aot import constexpr_params
+
+    cx = constexpr_params(kernel)
+    return {a: ("constexpr" if a in cx else pointers.get(a, "i32")) for a in kernel.arg_names}
 
 
 def _register_aot() -> None:
@@ -464,13 +474,18 @@ def _register_aot() -> None:
     for br, bc in ((4, 1024), (64, 64), (1, 2048)):
         c = {"B": 64, "BLOCK_R": br, "BLOCK_C": bc}
         register(AotSpec(f"index_kernels._global_topk_kernel[{br}x{bc}]", _global_topk_kernel,
-                         _aot_signature(_global_topk_kernel, p, c), c, num_warps=_NUM_WARPS,
+                         _aot_signature(_global_topk_kernel, p), c, num_warps=_NUM_WARPS,
                          divisible=("topk_ptr", "out_ptr")))
+    # the decode launch on SM90+ (PDL; NVIDIA only)
+    c = {"B": 64, "BLOCK_R": 1, "BLOCK_C": 2048, "PDL": True}
+    register(AotSpec("index_kernels._global_topk_kernel[1x2048,pdl]", _global_topk_kernel,
+                     _aot_signature(_global_topk_kernel, p), c, num_warps=16,
+                     targets=("sm90", "sm100"), divisible=("topk_ptr", "out_ptr")))
     p = {"topk_ptr": i32, "qsl_ptr": i32, "seq_ptr": i32, "gl_ptr": i32, "out_ptr": i32,
          "lens_ptr": i32}
     c = {"BLOCK_R": 16, "BLOCK_C": 256}
     register(AotSpec("index_kernels._combine_topk_swa_kernel[16x256]", _combine_topk_swa_kernel,
-                     _aot_signature(_combine_topk_swa_kernel, p, c), c, num_warps=_NUM_WARPS,
+                     _aot_signature(_combine_topk_swa_kernel, p), c, num_warps=_NUM_WARPS,
                      divisible=("topk_ptr", "out_ptr")))
     p = {a: i32 for a in _flashinfer_mixed_kernel.arg_names if a.endswith("_ptr")}
     p["dvalid_ptr"] = "*u8"
@@ -480,7 +495,7 @@ def _register_aot() -> None:
              "BLOCK_R": 16, "BLOCK_C": 256}
         tag = "".join(k[0] if v else "-" for k, v in (("d", dci), ("l", dlens), ("v", dvalid), ("L", local)))
         register(AotSpec(f"index_kernels._flashinfer_mixed_kernel[{tag}]", _flashinfer_mixed_kernel,
-                         _aot_signature(_flashinfer_mixed_kernel, p, c), c, num_warps=_NUM_WARPS,
+                         _aot_signature(_flashinfer_mixed_kernel, p), c, num_warps=_NUM_WARPS,
                          divisible=("out_ptr",)))
 
 

@@ -1,12 +1,15 @@
 """Launch choices shared by the Triton launchers: where decode shapes begin, the lookup of a
 measured shape (``python -m dsv41.backends.triton.sweep`` chose them; docs/performance.md),
-whether a launch uses programmatic dependent launch (PDL), and the launchers' host-side integer
-helpers."""
+whether a launch uses programmatic dependent launch (PDL) and the kernels' PDL prologue, and
+the launchers' host-side integer helpers."""
 
 from __future__ import annotations
 
 import functools
 import os
+
+import triton
+import triton.language as tl
 
 # Launches of at most this many tokens (rows for the index builders) take the shapes measured
 # for latency (CUDA-graph replay at 64 tokens); larger ones those measured for bandwidth.
@@ -23,13 +26,24 @@ def measured(table: dict, key: str, tokens: int | None):
     return table.get(key)
 
 
+# False turns PDL off (``conversions.portable()`` does, so the ROCm / XPU kernels run on an
+# NVIDIA GPU in the tests the way they run on their own hardware).
+PDL_OVERRIDE: bool | None = None
+
+
+def decode_pdl(device, tokens: int) -> bool:
+    """PDL for a launch of at most DECODE_T tokens (rows) on ``device`` (``pdl``): the
+    launch latency is what such a launch costs, and PDL hides it behind the kernel before."""
+    return tokens <= DECODE_T and pdl(device)
+
+
 def pdl(device) -> bool:
     """Whether a launch on ``device`` uses programmatic dependent launch: NVIDIA SM90+ and a
     Triton with grid-dependency control (``launch_pdl``, ``tl.extra.cuda.gdc_*``).  A kernel
     launched that way may be scheduled while the kernel before it in the stream finishes; it
     calls ``gdc_wait()`` before touching memory, so it still sees everything that kernel
     wrote, and only the launch latency overlaps.  ``DSV41_PDL=0`` turns it off."""
-    if device.type != "cuda" or os.environ.get("DSV41_PDL", "1") == "0":
+    if device.type != "cuda" or PDL_OVERRIDE is False or os.environ.get("DSV41_PDL", "1") == "0":
         return False
     import torch
 
@@ -47,6 +61,18 @@ def _pdl_capable(index: int) -> bool:
     import torch
 
     return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+@triton.jit
+def pdl_prologue(PDL: tl.constexpr):
+    """First statement of every kernel a launcher may launch with ``pdl_kwargs(True)``: wait
+    for the kernels before it in the stream (their writes are then visible), then let the
+    next PDL kernel be scheduled at once -- it waits for this one in turn, so only launch
+    latencies overlap.  Nothing with PDL off (the interpreter and other vendors never see
+    the grid-dependency ops)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 def pdl_kwargs(on: bool) -> dict:

@@ -341,7 +341,9 @@ def _indexer_q_kernel(
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr,
     SPLIT: tl.constexpr, USE_FP4: tl.constexpr, FNUZ: tl.constexpr, CVT_HW: tl.constexpr,
     WO_BF16: tl.constexpr, OFF64: tl.constexpr, WORDS: tl.constexpr, PTX: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    launch.pdl_prologue(PDL)
     IDX: tl.constexpr = tl.int64 if OFF64 else tl.int32
     FP8_MAX: tl.constexpr = 224.0 if FNUZ else 448.0
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -519,6 +521,7 @@ def fused_indexer_q_rope_quant(
                  and index_q.stride(1) % 2 == 0 and index_q.storage_offset() % 2 == 0)
         q = index_q.view(torch.int32) if words else index_q.view(torch.int16)
     grid = (launch.cdiv(T, bt), launch.cdiv(H, bh))
+    pdl = launch.decode_pdl(index_q.device, T)
     _indexer_q_kernel[grid](
         positions, positions.stride(0),
         q, q.stride(0), q.stride(1),
@@ -532,7 +535,8 @@ def fused_indexer_q_rope_quant(
         BLOCK_T=bt, BLOCK_H=bh, BLOCK_P=block_p,
         SPLIT=split, USE_FP4=bool(use_fp4), FNUZ=bool(use_fnuz) and not use_fp4,
         CVT_HW=use_hw_convert(index_q.device), WO_BF16=wo_bf16, OFF64=off64, WORDS=words,
-        PTX=bool(use_fp4) and use_ptx(index_q.device), num_warps=warps,
+        PTX=bool(use_fp4) and use_ptx(index_q.device), PDL=pdl, num_warps=warps,
+        **launch.pdl_kwargs(pdl),
     )
     return None
 
@@ -553,7 +557,9 @@ def _inv_rope_kernel(
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr,
     QUANT: tl.constexpr, PACKED: tl.constexpr, PERM: tl.constexpr, CVT_HW: tl.constexpr,
     OFF64: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    launch.pdl_prologue(PDL)
     IDX: tl.constexpr = tl.int64 if OFF64 else tl.int32
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     n = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -676,6 +682,7 @@ def fused_inv_rope_fp8_quant(
     if cfg:
         bt, bh, warps = cfg["BLOCK_T"], cfg["BLOCK_H"], cfg["num_warps"]
     grid = (launch.cdiv(Ta, bt), launch.cdiv(NH, bh))
+    pdl = launch.decode_pdl(o.device, T)
     _inv_rope_kernel[grid](
         o, o.stride(0), o.stride(1),
         positions, positions.stride(0),
@@ -687,7 +694,7 @@ def fused_inv_rope_fp8_quant(
         BLOCK_T=bt, BLOCK_H=bh, BLOCK_P=block_p,
         QUANT=bool(quantize), PACKED=bool(quantize and tma_aligned_scales),
         PERM=bool(quantize and permuted_output), CVT_HW=use_hw_convert(o.device),
-        OFF64=off64, num_warps=warps,
+        OFF64=off64, PDL=pdl, num_warps=warps, **launch.pdl_kwargs(pdl),
     )
     return None
 
@@ -788,7 +795,9 @@ def _q_kv_rmsnorm_kernel(
     BLOCK_T: tl.constexpr, BLOCK_TKV: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_KV: tl.constexpr,
     Q_BF16: tl.constexpr, KV_BF16: tl.constexpr, ACC_F64: tl.constexpr, CVT_HW: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    launch.pdl_prologue(PDL)
     # 1-D grid: the first n_q_tiles programs take BLOCK_T Q rows each (rows up to Tp, so
     # every scale byte is written), the others BLOCK_TKV KV rows each.
     pid = tl.program_id(0)
@@ -832,14 +841,15 @@ def fused_q_kv_rmsnorm_quant(qr, kv, q_weight, kv_weight, eps, q_out, q_scale_ou
     qo = q_out.view(torch.uint8)
     n_q_tiles = launch.cdiv(Tp, bt)
     grid = (n_q_tiles + launch.cdiv(T, bt_kv),)
+    pdl = launch.decode_pdl(qr.device, T)
     _q_kv_rmsnorm_kernel[grid](
         qr, qr.stride(0), kv, kv.stride(0), q_weight, kv_weight, float(eps),
         qo, qo.stride(0), q_scale_out, q_scale_out.stride(0), kvo, kvo.stride(0),
         T, Tp, QS, KS, Gq, Gp, n_q_tiles,
         BLOCK_T=bt, BLOCK_TKV=bt_kv, BLOCK_G=block_g, BLOCK_KV=block_kv,
         Q_BF16=qr.dtype == torch.bfloat16, KV_BF16=kv_bf16, ACC_F64=acc_f64,
-        CVT_HW=use_hw_convert(qr.device),
-        num_warps=warps,
+        CVT_HW=use_hw_convert(qr.device), PDL=pdl,
+        num_warps=warps, **launch.pdl_kwargs(pdl),
     )
     return None
 
@@ -851,7 +861,9 @@ def fused_q_kv_rmsnorm_quant(qr, kv, q_weight, kv_weight, eps, q_out, q_scale_ou
 def _pad_q_heads_kernel(
     q_ptr, s_q, out_ptr, s_out, n_rows, W_in, W_out,
     NCH: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    launch.pdl_prologue(PDL)
     # Row r = (token t, chunk c); chunk c of a token is [H, 16] in q and [H_pad, 16] in out.
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rm = r < n_rows
@@ -884,9 +896,11 @@ def pad_fused_q_heads(q, out):
     if cfg:
         block_r, warps = cfg["BLOCK_R"], cfg["num_warps"]
     n_rows = T * nch
+    pdl = launch.decode_pdl(q.device, T)
     _pad_q_heads_kernel[(launch.cdiv(n_rows, block_r),)](
         qi, q.stride(0), oi, out.stride(0), n_rows, W_in, W_out,
-        NCH=nch, BLOCK_R=block_r, BLOCK_W=block_w, num_warps=warps,
+        NCH=nch, BLOCK_R=block_r, BLOCK_W=block_w, PDL=pdl, num_warps=warps,
+        **launch.pdl_kwargs(pdl),
     )
     return None
 
@@ -894,11 +908,15 @@ def pad_fused_q_heads(q, out):
 # ============================================================================== AOT
 
 
-def _aot_signature(kernel, pointers: dict, constexprs: dict, floats=()) -> dict:
-    """Triton signature: the given pointer types, "constexpr" for constexprs, fp32 for
-    ``floats``, i32 else."""
+def _aot_signature(kernel, pointers: dict, floats=()) -> dict:
+    """Triton signature: the given pointer types, "constexpr" for the kernel's constexpr
+    parameters (those a spec does not set build with their defaults), fp32 for ``floats``,
+    i32 else."""
+    from .aot import constexpr_params
+
+    cx = constexpr_params(kernel)
     return {
-        a: ("constexpr" if a in constexprs else "fp32" if a in floats else pointers.get(a, "i32"))
+        a: ("constexpr" if a in cx else "fp32" if a in floats else pointers.get(a, "i32"))
         for a in kernel.arg_names
     }
 
@@ -924,11 +942,12 @@ def _register_aot() -> None:
                                         ("mxfp4", True, False, False, _ALL),
                                         ("mxfp4-hw", True, False, True, _CUDA)):
         # MXFP4 at production shapes: the split path reading pairs as int32 words
+        # the NVIDIA variants as launched at decode sizes (PDL prologue)
         c = dict(base, USE_FP4=fp4, FNUZ=fnuz, CVT_HW=hw, WO_BF16=fp4, SPLIT=True, WORDS=fp4,
-                 PTX=fp4 and hw)
+                 PTX=fp4 and hw, PDL=hw and targets == _CUDA)
         pp = dict(p, wo_ptr="*i16", q_ptr="*i32") if fp4 else p
         register(AotSpec(f"rope_kernels._indexer_q_kernel[{tag}]", _indexer_q_kernel,
-                         _aot_signature(_indexer_q_kernel, pp, c, ("softmax_scale", "head_scale")),
+                         _aot_signature(_indexer_q_kernel, pp, ("softmax_scale", "head_scale")),
                          c, num_warps=4, targets=targets,
                          divisible=("q_ptr", "out_ptr", "s_q0", "s_q1", "s_o0", "s_o1")))
 
@@ -941,10 +960,10 @@ def _register_aot() -> None:
                                          ("qgs32-perm", 32, True, True, True),
                                          ("noquant", 2, False, False, False)):
         for hw, targets in ((True, _CUDA), (False, _ALL)):
-            c = dict(base, QG=qg, QUANT=quant, PACKED=packed, PERM=perm, CVT_HW=hw)
+            c = dict(base, QG=qg, QUANT=quant, PACKED=packed, PERM=perm, CVT_HW=hw, PDL=hw)
             pp = dict(p, sc_ptr="*u8" if packed else "*fp32", out_ptr="*u8" if quant else "*i16")
             register(AotSpec(f"rope_kernels._inv_rope_kernel[{tag}{'-hw' if hw else ''}]",
-                             _inv_rope_kernel, _aot_signature(_inv_rope_kernel, pp, c), c,
+                             _inv_rope_kernel, _aot_signature(_inv_rope_kernel, pp), c,
                              num_warps=4, targets=targets, divisible=("o_ptr", "out_ptr")))
 
     # §5 query quant: Qs 1536, Ks 512.
@@ -953,10 +972,10 @@ def _register_aot() -> None:
     for hw, targets in ((True, _CUDA), (False, _ALL)):
         c = {"QS": 1536, "KS": 512, "Gq": 48, "Gp": 48,
              "BLOCK_T": 1, "BLOCK_TKV": 4, "BLOCK_G": 64, "BLOCK_KV": 512, "Q_BF16": True,
-             "KV_BF16": True, "ACC_F64": True, "CVT_HW": hw}
+             "KV_BF16": True, "ACC_F64": True, "CVT_HW": hw, "PDL": hw}
         register(AotSpec(f"rope_kernels._q_kv_rmsnorm_kernel[1536,512{'-hw' if hw else ''}]",
                          _q_kv_rmsnorm_kernel,
-                         _aot_signature(_q_kv_rmsnorm_kernel, p, c, ("eps",)), c,
+                         _aot_signature(_q_kv_rmsnorm_kernel, p, ("eps",)), c,
                          num_warps=4, targets=targets,
                          divisible=("qr_ptr", "qo_ptr", "kv_ptr", "kvo_ptr", "qw_ptr", "kvw_ptr",
                                     "s_qr", "s_qo", "s_kv", "s_kvo")))
@@ -964,7 +983,7 @@ def _register_aot() -> None:
     # §6.3 Q head padding: 32 chunks, H_pad 64.
     c = {"NCH": 32, "BLOCK_R": 8, "BLOCK_W": 1024}
     register(AotSpec("rope_kernels._pad_q_heads_kernel[32x1024]", _pad_q_heads_kernel,
-                     _aot_signature(_pad_q_heads_kernel, {"q_ptr": "*i16", "out_ptr": "*i16"}, c),
+                     _aot_signature(_pad_q_heads_kernel, {"q_ptr": "*i16", "out_ptr": "*i16"}),
                      c, num_warps=4, targets=_ALL, divisible=("q_ptr", "out_ptr")))
 
 

@@ -23,7 +23,7 @@ import sys
 import time
 
 import torch
-from dsv41.backends.triton import cache_kernels, rope_kernels
+from dsv41.backends.triton import cache_kernels, index_kernels, rope_kernels
 
 from dsv41 import bench
 
@@ -46,7 +46,7 @@ SPACES = {
     "dequantize_and_gather_k_cache [288]": (("cache", "gather:288"), _CACHE_BT_NW),
     "rope_quant_insert [584]": (("cache", "rope:584"), _CACHE_BT_NW),
     "rope_quant_insert [528]": (("cache", "rope:528"), _CACHE_BT_NW),
-    "rope_quant_insert [288]": (("cache", "rope:288"), _grid(bt=(1, 2, 4, 8, 16), nw=(2, 4, 8))),
+    "rope_quant_insert [288]": (("cache", "rope:288"), _grid(bt=(1, 2, 4, 8, 16), nw=(1, 2, 4))),
     "rope_quant_insert [bf16]": (("cache", "rope:bf16"), _CACHE_BT_NW),
     "indexer_k_norm_rope_store [FP8]": (("cache", "indexer:fp8"), _grid(bt=(8, 16, 32, 64), nw=(2, 4, 8))),
     "fused_save_compress_norm [CR1]": (("cache", "norm1:None"), _grid(bt=(1, 2, 4, 8), nw=(2, 4, 8))),
@@ -59,6 +59,9 @@ SPACES = {
                                  _grid(BLOCK_T=(1, 2, 4, 8), BLOCK_H=(1, 2, 4, 8), num_warps=(4, 8))),
     "fused_q_kv_rmsnorm_quant": (("rope", "fused_q_kv_rmsnorm_quant"),
                                  _grid(BLOCK_T=(1, 2, 4, 8), num_warps=(1, 2, 4, 8))),
+    "compute_global_topk_indices_and_lens": (("index", "compute_global_topk_indices_and_lens"),
+                                             _grid(BLOCK_R=(1, 2), BLOCK_C=(512, 1024, 2048),
+                                                   num_warps=(4, 8, 16))),
 }
 
 
@@ -71,7 +74,9 @@ class _Applied:
         self.saved = {}
 
     def _table(self):
-        return cache_kernels.CONFIG["variant"] if self.kind == "cache" else rope_kernels.TUNE
+        if self.kind == "cache":
+            return cache_kernels.CONFIG["variant"]
+        return index_kernels.TUNE if self.kind == "index" else rope_kernels.TUNE
 
     def __enter__(self):
         table = self._table()
