@@ -270,7 +270,7 @@ def _flashinfer(local=False, decode_comp=True, lens=True, spans=(None, None), d=
     return build
 
 
-def _save_compress(cr, seed=6):
+def _save_compress(cr, seed=6, boundary=False):
     def build(device):
         g = _gen(seed)
         if cr == 1:
@@ -286,17 +286,24 @@ def _save_compress(cr, seed=6):
             w = (torch.rand(512, generator=g) + 0.5).to(BF16)
             return _on(device, [kv, pos, None, slots, None, None, w, 1e-6, 1, latent])
         cap = 4
-        qsl = torch.tensor([0, 6, 11, 19], dtype=I32)
-        starts = [10, 7, 20]  # even start, odd start (pools with the ring), first slot −1
+        if boundary:
+            # odd chunk lengths: tokens 4 and 5 both close a pair (the last of request 0 at an
+            # odd position, the first of request 1 at an odd position, from the ring)
+            qsl = torch.tensor([0, 5, 12, 19], dtype=I32)
+            starts = [11, 9, 20]
+        else:
+            qsl = torch.tensor([0, 6, 11, 19], dtype=I32)
+            starts = [10, 7, 20]  # even start, odd start (pools with the ring), first slot −1
         pos = torch.cat([torch.arange(s, s + int(qsl[i + 1] - qsl[i])) for i, s in enumerate(starts)]).to(I64)
         t = 19
         kv = torch.randn(t + 2, 1024, generator=g)
         kv[t:] = float("nan")
         pos = torch.cat([pos, torch.zeros(2, dtype=I64)])
-        t2r = torch.tensor([0] * 6 + [1] * 5 + [2] * 8, dtype=I32)
+        lens = (qsl[1:] - qsl[:-1]).tolist()
+        t2r = torch.repeat_interleave(torch.arange(3, dtype=I32), torch.tensor(lens))
         ring_block = torch.tensor([0, 2, 3])
         slots = (ring_block[t2r.long()] * cap + pos[:t] % cap).to(I64)
-        slots[11] = -1
+        slots[int(qsl[2])] = -1  # the last request's first slot: no ring save for it
         state = torch.randn(4, cap, 1024, generator=g)
         latent = torch.full((t + 2, 512), float("nan"), dtype=BF16)
         w = (torch.rand(512, generator=g) + 0.5).to(BF16)
@@ -446,6 +453,7 @@ def _all_cases() -> list[Case]:
     A(Case("build_flashinfer_mixed_sparse_indices", "prefill-only", _flashinfer(d=0, decode_comp=False), (19, 20)))
     A(Case("fused_save_compress_norm", "cr1", _save_compress(1), (9,)))
     A(Case("fused_save_compress_norm", "cr2-ring", _save_compress(2), (2, 9)))
+    A(Case("fused_save_compress_norm", "cr2-boundary", _save_compress(2, seed=16, boundary=True), (2, 9)))
     for kind in (584, 528, 288, "bf16", "fp8"):
         for cr in (1, 2):
             A(Case("rope_quant_insert", f"{kind}-cr{cr}", _rope_insert(kind, cr), (3,)))

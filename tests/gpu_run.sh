@@ -39,7 +39,7 @@ for step in $STEPS; do
     tests)
       timeout "$LIMIT" $PY -m pytest -q -p no:cacheprovider -m "not slow" \
         tests/test_conformance.py tests/test_golden.py tests/test_gpu.py tests/test_interchange.py \
-        tests/test_transcode.py tests/test_launch_shapes.py tests/test_nvfp4_quotient.py \
+        tests/test_transcode.py tests/test_launch_shapes.py tests/test_nvfp4_quotient.py tests/test_gpu_exhaustive.py \
         tests/test_triton_cache_kernels.py ${GPU_PYTEST_K:+-k "$GPU_PYTEST_K"} ${GPU_PYTEST_ARGS:-} \
         > "$OUT/pytest.txt" 2>&1
       echo "pytest rc=$?" >> "$OUT/pytest.txt"

@@ -118,7 +118,7 @@ CONFIG = {
         "norm1:None": (1, 2), "norm1:None:decode": (1, 4),
         # CR 2: one token per program, so the programs of tokens that close no pair stop
         # before any row load (second H200 run: 0.72 of copy at 65536, was 0.52)
-        "norm2:None": (1, 4), "norm2:None:decode": (1, 8),
+        "norm2:None": (1, 1), "norm2:None:decode": (1, 8),
     },
 }
 
@@ -381,33 +381,32 @@ def _rsqrt_rn(v):
 
 @triton.jit
 def _exp2_rn(y):
-    """fl32(2^y) for fp32 y <= 0 (correctly rounded but for near-ties, ~2^-29 of inputs).
+    """fl32(2^y) for fp32 y <= 0, equal to the reference's fl32(exp2(float64 y)) for every
+    fp32 y in [-151, 0] (exhaustive check, tests/test_gpu_exhaustive.py; below -151 both are 0).
 
-    2^y = 2^n * 2^f, n = rint(y), f = y - n in [-1/2, 1/2] (exact); 2^f by a degree-14
-    Taylor polynomial in float64 with explicit fma (|error| < 2e-17), then one rounding.
+    2^y = 2^n * 2^f, n = rint(y), f = y - n in [-1/2, 1/2] (exact); 2^f by a degree-11
+    polynomial in float64 (Chebyshev fit, relative error < 2^-55 with its coefficients
+    rounded to float64) with explicit fma, n added to the exponent field (p is in [0.7, 1.5],
+    the product a normal double), then one rounding to fp32.
     """
     yc = tl.maximum(y, -151.0)
     n = tl.floor(yc + 0.5)
     f = (yc - n).to(tl.float64)
     # float64 constants made explicitly (a bare Python float may be typed fp32)
-    z = f * tl.full(f.shape, 0.6931471805599453, tl.float64)
-    p = tl.full(f.shape, 1.1470745597729725e-11, tl.float64)
-    p = tl.fma(p, z, tl.full(f.shape, 1.6059043836821613e-10, tl.float64))
-    p = tl.fma(p, z, tl.full(f.shape, 2.08767569878681e-09, tl.float64))
-    p = tl.fma(p, z, tl.full(f.shape, 2.505210838544172e-08, tl.float64))
-    p = tl.fma(p, z, tl.full(f.shape, 2.755731922398589e-07, tl.float64))
-    p = tl.fma(p, z, tl.full(f.shape, 2.7557319223985893e-06, tl.float64))
-    p = tl.fma(p, z, tl.full(f.shape, 2.48015873015873e-05, tl.float64))
-    p = tl.fma(p, z, tl.full(f.shape, 0.0001984126984126984, tl.float64))
-    p = tl.fma(p, z, tl.full(f.shape, 0.001388888888888889, tl.float64))
-    p = tl.fma(p, z, tl.full(f.shape, 0.008333333333333333, tl.float64))
-    p = tl.fma(p, z, tl.full(f.shape, 0.041666666666666664, tl.float64))
-    p = tl.fma(p, z, tl.full(f.shape, 0.16666666666666666, tl.float64))
-    p = tl.fma(p, z, tl.full(f.shape, 0.5, tl.float64))
-    p = tl.fma(p, z, tl.full(f.shape, 1.0, tl.float64))
-    p = tl.fma(p, z, tl.full(f.shape, 1.0, tl.float64))
-    scale = ((n.to(tl.int64) + 1023) << 52).to(tl.float64, bitcast=True)
-    return (p * scale).to(tl.float32)
+    p = tl.full(f.shape, 4.4558179083360645e-10, tl.float64)
+    p = tl.fma(p, f, tl.full(f.shape, 7.074194297288521e-09, tl.float64))
+    p = tl.fma(p, f, tl.full(f.shape, 1.0178057087733941e-07, tl.float64))
+    p = tl.fma(p, f, tl.full(f.shape, 1.3215432535912375e-06, tl.float64))
+    p = tl.fma(p, f, tl.full(f.shape, 1.5252733841556773e-05, tl.float64))
+    p = tl.fma(p, f, tl.full(f.shape, 0.00015403530463724353, tl.float64))
+    p = tl.fma(p, f, tl.full(f.shape, 0.001333355814640647, tl.float64))
+    p = tl.fma(p, f, tl.full(f.shape, 0.009618129107587256, tl.float64))
+    p = tl.fma(p, f, tl.full(f.shape, 0.055504108664821625, tl.float64))
+    p = tl.fma(p, f, tl.full(f.shape, 0.24022650695910158, tl.float64))
+    p = tl.fma(p, f, tl.full(f.shape, 0.6931471805599453, tl.float64))
+    p = tl.fma(p, f, tl.full(f.shape, 1.0, tl.float64))
+    bits = p.to(tl.int64, bitcast=True) + (n.to(tl.int32).to(tl.int64) << 52)
+    return bits.to(tl.float64, bitcast=True).to(tl.float32)
 
 
 # --------------------------------------------------------------------------------------
@@ -1297,89 +1296,133 @@ def _compress_norm_kernel(
     kv_ptr, kv_s0, pos_ptr, st_ptr, st_s0, st_s1, cap, slot_ptr, qsl_ptr, t2r_ptr, w_ptr, eps,
     out_ptr, out_s0, T,
     CR: tl.constexpr, SOFT: tl.constexpr, BLOCK_T: tl.constexpr, SPEC: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    PTX: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     # PDL: the ring save (our own PDL secondary) is scheduled while this kernel runs
     launch.pdl_prologue(PDL)
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    # CR 2 beyond decode sizes: program k takes tokens 2k and 2k + 1 (BLOCK_T = 1)
+    t = tl.program_id(0) * (2 * BLOCK_T if CR == 2 and not SPEC else BLOCK_T) + tl.arange(0, BLOCK_T)
     tmask = t < T
     slot = tl.load(slot_ptr + t, mask=tmask, other=-1)
-    d = tl.arange(0, 512)
-    t64 = t.to(tl.int64)
     if CR == 1:
+        d = tl.arange(0, 512)
         valid = tmask & (slot >= 0)
-        x = tl.load(kv_ptr + (t64 * kv_s0)[:, None] + d[None, :], mask=tmask[:, None], other=0.0)
-        _rmsnorm_store(x, w_ptr, eps, out_ptr, out_s0, t, valid, SOFT)
-    elif SPEC:
-        # Decode sizes (latency): every load that does not need another load's value is
-        # issued at once -- slot, position, request, the current and the previous input row
-        # -- and the ring row and the chunk start together after them: two dependent memory
-        # round trips instead of four.  Rows of tokens that turn out not to need them are
-        # read and dropped (a few KB at these sizes); the ring row of every token with a
-        # slot is inside the state cache by the op's contract (ring slots < rows * capacity,
-        # docs/bad_input.md), so the early ring read stays in bounds.
-        pos = tl.load(pos_ptr + t, mask=tmask, other=0)
-        req = tl.load(t2r_ptr + t, mask=tmask, other=0)
-        cur = (t64 * kv_s0)[:, None] + d[None, :]
-        prev = ((t64 - 1) * kv_s0)[:, None] + d[None, :]
-        has_prev = (tmask & (t > 0))[:, None]
-        kvb = tl.load(kv_ptr + cur, mask=tmask[:, None], other=0.0)
-        sb = tl.load(kv_ptr + cur + 512, mask=tmask[:, None], other=0.0)
-        kvp = tl.load(kv_ptr + prev, mask=has_prev, other=0.0)
-        sp = tl.load(kv_ptr + prev + 512, mask=has_prev, other=0.0)
-        valid = tmask & (slot >= 0) & (pos % 2 == 1)
-        q0 = tl.load(qsl_ptr + req, mask=valid, other=0)
-        s32 = tl.where(valid, slot, 0).to(tl.int32)
-        ring = ((s32 // cap).to(tl.int64) * st_s0
-                + ((pos.to(tl.int32) - 1) % cap).to(tl.int64) * st_s1)[:, None] + d[None, :]
-        kvr = tl.load(st_ptr + ring, mask=valid[:, None], other=0.0)
-        sr = tl.load(st_ptr + ring + 512, mask=valid[:, None], other=0.0)
-        in_m = (valid & (t != q0))[:, None]
-        x = _pool2(tl.where(in_m, kvp, kvr), tl.where(in_m, sp, sr), kvb, sb)
+        x = tl.load(kv_ptr + (t.to(tl.int64) * kv_s0)[:, None] + d[None, :], mask=tmask[:, None],
+                    other=0.0)
         _rmsnorm_store(x, w_ptr, eps, out_ptr, out_s0, t, valid, SOFT)
     else:
+        # first round trip: slot, position and request together
         pos = tl.load(pos_ptr + t, mask=tmask, other=0)
+        req = tl.load(t2r_ptr + t, mask=tmask, other=0)
         valid = tmask & (slot >= 0) & (pos % 2 == 1)
-        # Only tokens that close a pair (odd position) write; in a prefill every other
-        # token.  A program whose tokens all skip stops here: no row loads, none of the
-        # float64 exp work below (with BLOCK_T = 1 that is every other program).
-        if tl.max(valid.to(tl.int32), axis=0) > 0:
-            req = tl.load(t2r_ptr + t, mask=valid, other=0)
-            q0 = tl.load(qsl_ptr + req, mask=valid, other=0)
-            in_m = (valid & (t != q0))[:, None]
-            ring_m = (valid & (t == q0))[:, None]
-            # older row: the previous token's row, or the ring row the previous chunk
-            # stored (ring slots < 2^31: int32 split)
-            s32 = tl.where(valid, slot, 0).to(tl.int32)
-            rb = s32 // cap
-            rr = (pos.to(tl.int32) - 1) % cap
-            prev = ((t64 - 1) * kv_s0)[:, None] + d[None, :]
-            ring = (rb.to(tl.int64) * st_s0 + rr.to(tl.int64) * st_s1)[:, None] + d[None, :]
-            kva = tl.where(in_m, tl.load(kv_ptr + prev, mask=in_m, other=0.0),
-                           tl.load(st_ptr + ring, mask=ring_m, other=0.0))
-            sa = tl.where(in_m, tl.load(kv_ptr + prev + 512, mask=in_m, other=0.0),
-                          tl.load(st_ptr + ring + 512, mask=ring_m, other=0.0))
-            cur = (t64 * kv_s0)[:, None] + d[None, :]
-            kvb = tl.load(kv_ptr + cur, mask=valid[:, None], other=0.0)
-            sb = tl.load(kv_ptr + cur + 512, mask=valid[:, None], other=0.0)
-            x = _pool2(kva, sa, kvb, sb)
-            _rmsnorm_store(x, w_ptr, eps, out_ptr, out_s0, t, valid, SOFT)
+        if SPEC:
+            # Decode sizes (latency): the input rows load with the slot (rows of tokens that
+            # turn out not to close a pair are read and dropped, a few KB at these sizes) and
+            # the ring row with the chunk start, for every closing token: two dependent round
+            # trips.  The ring row of every token with a slot is inside the state cache by
+            # the op's contract (ring slots < rows * capacity, docs/bad_input.md).
+            _pool_pair_store(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, qsl_ptr, w_ptr, eps,
+                             out_ptr, out_s0, t, tmask, slot, pos, req, valid, True, SOFT, PTX)
+        else:
+            # Program k takes tokens 2k and 2k + 1 (BLOCK_T = 1): of two consecutive tokens of
+            # a request exactly one closes a pair, so a prefill has no program without work
+            # (two only across a request boundary, then one after the other).  Their slots,
+            # positions and requests load together; rows and chunk starts in the second round
+            # trip; the ring row (first token of a chunk only) waits for the chunk start.
+            t1 = t + 1
+            m1 = t1 < T
+            slot1 = tl.load(slot_ptr + t1, mask=m1, other=-1)
+            pos1 = tl.load(pos_ptr + t1, mask=m1, other=0)
+            req1 = tl.load(t2r_ptr + t1, mask=m1, other=0)
+            valid1 = m1 & (slot1 >= 0) & (pos1 % 2 == 1)
+            if tl.max(valid.to(tl.int32), axis=0) > 0:
+                _pool_pair_store(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, qsl_ptr, w_ptr, eps,
+                                 out_ptr, out_s0, t, valid, slot, pos, req, valid, False, SOFT, PTX)
+            if tl.max(valid1.to(tl.int32), axis=0) > 0:
+                _pool_pair_store(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, qsl_ptr, w_ptr, eps,
+                                 out_ptr, out_s0, t1, valid1, slot1, pos1, req1, valid1, False,
+                                 SOFT, PTX)
 
 
 @triton.jit
-def _pool2(kva, sa, kvb, sb):
-    """Softmax-weighted pool of the older row a and the newer row b by their scores: the
-    larger score's weight is exp(0) = 1, the other exp(-|sa - sb|) (sb - sa == -(sa - sb)
-    exactly); a NaN score makes both NaN."""
+def _pool_pair_store(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, qsl_ptr, w_ptr, eps, out_ptr,
+                     out_s0, t, rows_m, slot, pos, req, valid, RING_EARLY: tl.constexpr,
+                     SOFT: tl.constexpr, PTX: tl.constexpr):
+    """CR 2, the closing tokens ``valid``: pool the older row (the previous input row, or
+    for the first token of a chunk the ring row the previous chunk stored) with the token's
+    own row, RMSNorm, store.  Input rows load under ``rows_m``; the ring row under ``valid``
+    (``RING_EARLY``: no wait for the chunk start) or only where the token starts its chunk."""
+    d = tl.arange(0, 512)
+    t64 = t.to(tl.int64)
+    q0 = tl.load(qsl_ptr + req, mask=valid, other=0)
+    cur = (t64 * kv_s0)[:, None] + d[None, :]
+    prev = cur - kv_s0
+    has_prev = (rows_m & (t > 0))[:, None]  # t - 1 is a row of the batch
+    kvb = tl.load(kv_ptr + cur, mask=rows_m[:, None], other=0.0)
+    sb = tl.load(kv_ptr + cur + 512, mask=rows_m[:, None], other=0.0)
+    kvp = tl.load(kv_ptr + prev, mask=has_prev, other=0.0)
+    sp = tl.load(kv_ptr + prev + 512, mask=has_prev, other=0.0)
+    # older row of a chunk's first token: ring row (slot // cap, (pos - 1) % cap); ring
+    # slots < 2^31 (int32 split)
+    s32 = tl.where(valid, slot, 0).to(tl.int32)
+    ring = ((s32 // cap).to(tl.int64) * st_s0
+            + ((pos.to(tl.int32) - 1) % cap).to(tl.int64) * st_s1)[:, None] + d[None, :]
+    if RING_EARLY:
+        ring_m = valid
+    else:
+        ring_m = valid & (t == q0)
+    kvr = tl.load(st_ptr + ring, mask=ring_m[:, None], other=0.0)
+    sr = tl.load(st_ptr + ring + 512, mask=ring_m[:, None], other=0.0)
+    in_m = (valid & (t != q0))[:, None]
+    x = _pool2(tl.where(in_m, kvp, kvr), tl.where(in_m, sp, sr), kvb, sb, PTX)
+    _rmsnorm_store(x, w_ptr, eps, out_ptr, out_s0, t, valid, SOFT)
+
+
+@triton.jit
+def _pool2(kva, sa, kvb, sb, PTX: tl.constexpr):
+    """Softmax-weighted pool of the older row a and the newer row b by their scores, as the
+    reference: the larger score's weight is exp(0) = 1, the other ``small`` = exp(-|sa - sb|)
+    (sb - sa == -(sa - sb) exactly), the weights 1 / (1 + small) and small / (1 + small)
+    (IEEE divisions); a NaN score makes everything NaN."""
     z = _neg(tl.abs(sa - sb))
     small = tl.where(z != z, z, _exp2_rn(z * 1.4426950408889634))
+    w1, ws = _pool_weights(small, PTX)
     ge = sa >= sb
-    ea = tl.where(z != z, small, tl.where(ge, 1.0, small))
-    eb = tl.where(z != z, small, tl.where(ge, small, 1.0))
-    den = ea + eb
-    wa = tl.math.div_rn(ea, den)
-    wb = tl.math.div_rn(eb, den)
+    wa = tl.where(ge, w1, ws)
+    wb = tl.where(ge, ws, w1)
     return tl.fma(wa, kva, wb * kvb)
+
+
+@triton.jit
+def _pool_weights(small, PTX: tl.constexpr):
+    """(1 / (1 + small), small / (1 + small)), both IEEE-rounded, for small in [0, 1] or NaN."""
+    den = 1.0 + small  # in [1, 2], or NaN
+    if PTX:
+        # Both divisions share one reciprocal: the sequence div.rn's fast path compiles to
+        # (rcp, two fma for the reciprocal, mul and two fma per quotient) without its range
+        # check and slow path, which only matter for operands this domain never has: den in
+        # (1, 2] and small > 2^-24 normal; den == 1 (small <= 2^-24) gives 1 and small
+        # exactly.  Equal to div_rn for every fp32 small in [0, 1] (exhaustive GPU check,
+        # tests/test_gpu.py::test_pool_weights_exhaustive).
+        r = _rcp_approx(den)
+        r = tl.fma(r, tl.fma(_neg(den), r, 1.0), r)
+        w1 = tl.fma(r, tl.fma(_neg(den), r, 1.0), r)
+        qs = small * r
+        ws = tl.fma(r, tl.fma(_neg(den), qs, small), qs)
+        one = den == 1.0
+        w1 = tl.where(one, 1.0, w1)
+        ws = tl.where(one, small, ws)
+    else:
+        w1 = tl.math.div_rn(tl.full(den.shape, 1.0, tl.float32), den)
+        ws = tl.math.div_rn(small, den)
+    return w1, ws
+
+
+@triton.jit
+def _rcp_approx(x):
+    """``rcp.approx.ftz.f32`` (MUFU.RCP), the first step of an fp32 division; NVIDIA only."""
+    return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [x],
+                                     dtype=tl.float32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -1426,12 +1469,17 @@ def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, que
         return
     cap = state_cache.shape[1]
     BT, NW = _shape("norm2", None, T)
+    spec = T <= launch.DECODE_T
+    # decode sizes: BLOCK_T tokens per program; larger launches: two tokens per program
+    # (the kernel's pair programs, BLOCK_T = 1)
+    BT = BT if spec else 1
     # decode sizes: PDL, so the ring save's launch also overlaps the pooling kernel
-    _compress_norm_kernel[(launch.cdiv(T, BT),)](
+    _compress_norm_kernel[(launch.cdiv(T, BT if spec else 2),)](
         kv_score, kv_score.stride(0), positions, state_cache, state_cache.stride(0),
         state_cache.stride(1), cap, slot_mapping, query_start_loc, token_to_req_indices,
         rms_norm_weight, eps, latent_out, latent_out.stride(0), T,
-        CR=2, SOFT=soft, BLOCK_T=BT, SPEC=T <= launch.DECODE_T, PDL=pdl, num_warps=NW,
+        CR=2, SOFT=soft, BLOCK_T=BT, SPEC=spec, PTX=_ptx(latent_out), PDL=pdl,
+        num_warps=NW,
         **launch.pdl_kwargs(pdl),
     )
     R = query_start_loc.numel() - 1
@@ -1537,14 +1585,14 @@ def _register_aot() -> None:
     for targets, soft, flav in vendors:
         for cr in (1, 2):
             add(_compress_norm_kernel, f"cr{cr},{flav}", norm_t, dict(
-                CR=cr, SOFT=soft, BLOCK_T=_shape(f"norm{cr}", None)[0]), targets,
+                CR=cr, SOFT=soft, PTX=not soft, BLOCK_T=_shape(f"norm{cr}", None)[0]), targets,
                 _shape(f"norm{cr}", None)[1], ("kv_ptr", "kv_s0", "out_ptr", "out_s0", "st_ptr", "st_s0",
                                                     "st_s1"))
         add(_ring_save_kernel, flav, ring_t, {"PDL": False}, targets, nw["ring"],
             ("kv_ptr", "kv_s0", "st_ptr", "st_s0", "st_s1"))
     # the CR-2 decode pair as launched on SM90+ (speculative loads, PDL)
     add(_compress_norm_kernel, "cr2,native,decode,pdl", norm_t, dict(
-        CR=2, SOFT=False, BLOCK_T=_shape("norm2", None, 1)[0], SPEC=True, PDL=True), _CUDA,
+        CR=2, SOFT=False, BLOCK_T=_shape("norm2", None, 1)[0], SPEC=True, PTX=True, PDL=True), _CUDA,
         _shape("norm2", None, 1)[1], ("kv_ptr", "kv_s0", "out_ptr", "out_s0", "st_ptr", "st_s0",
                                       "st_s1"))
     add(_ring_save_kernel, "native,pdl", ring_t, {"PDL": True}, _CUDA, nw["ring"],

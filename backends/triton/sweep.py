@@ -9,7 +9,8 @@ shapes never change the bytes a kernel writes (docs/kernel_contract.md); the con
 suite checks the chosen defaults.  Phase 1 compiles every shape in ``--jobs`` worker
 processes (Triton's on-disk cache is shared), phase 2 times them one after the other, so
 the timing runs alone on the device.  Results: ``DIR/sweep.jsonl`` (one line per shape) and
-``DIR/sweep.txt`` (best shape per variant next to the built-in default).
+``DIR/sweep.txt`` (best shape per variant next to the built-in default).  ``--graph-tokens``
+times the replay at other decode sizes too (e.g. ``1 8 64``).
 """
 
 from __future__ import annotations
@@ -50,13 +51,15 @@ SPACES = {
     "rope_quant_insert [bf16]": (("cache", "rope:bf16"), _CACHE_BT_NW),
     "indexer_k_norm_rope_store [FP8]": (("cache", "indexer:fp8"), _grid(bt=(8, 16, 32, 64), nw=(2, 4, 8))),
     "fused_save_compress_norm [CR1]": (("cache", "norm1:None"), _grid(bt=(1, 2, 4, 8), nw=(2, 4, 8))),
-    "fused_save_compress_norm [CR2]": (("cache", "norm2:None"), _grid(bt=(1, 2, 4, 8), nw=(1, 2, 4, 8))),
+    # CR 2 at prefill sizes runs one program per two tokens (BLOCK_T 1); the decode shape
+    # takes BLOCK_T from the grid
+    "fused_save_compress_norm [CR2]": (("cache", "norm2:None"), _grid(bt=(1, 2, 4), nw=(1, 2, 4, 8))),
     "fused_indexer_q_rope_quant [FP8]": (("rope", "fused_indexer_q_rope_quant"),
                                          _grid(BLOCK_T=(1, 2, 4), BLOCK_H=(16, 32, 64), num_warps=(4, 8))),
     "fused_indexer_q_rope_quant [MXFP4]": (("rope", "fused_indexer_q_rope_quant"),
                                            _grid(BLOCK_T=(1, 2, 4), BLOCK_H=(16, 32, 64), num_warps=(4, 8))),
     "fused_inv_rope_fp8_quant": (("rope", "fused_inv_rope_fp8_quant"),
-                                 _grid(BLOCK_T=(1, 2, 4, 8), BLOCK_H=(1, 2, 4, 8), num_warps=(4, 8))),
+                                 _grid(BLOCK_T=(1, 2, 4, 8), BLOCK_H=(1, 2, 4, 8, 16), num_warps=(1, 2, 4, 8))),
     "fused_q_kv_rmsnorm_quant": (("rope", "fused_q_kv_rmsnorm_quant"),
                                  _grid(BLOCK_T=(1, 2, 4, 8), num_warps=(1, 2, 4, 8))),
     "compute_global_topk_indices_and_lens": (("index", "compute_global_topk_indices_and_lens"),
@@ -123,11 +126,11 @@ def _shape(name, i):
     return DEFAULT if i == 0 else SPACES[name][1][i - 1]
 
 
-def _compile(jobs, tokens, device):
+def _compile(jobs, tokens, graph_tokens, device):
     for name, i in jobs:
         try:
             with _Applied(SPACES[name][0], _shape(name, i)):
-                for t in (tokens, 64):
+                for t in (tokens, *graph_tokens):
                     fn, _ = _fn(name, t, device)
                     fn()
             torch.cuda.synchronize()
@@ -135,7 +138,7 @@ def _compile(jobs, tokens, device):
             print(f"compile {name} #{i}: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
-def _time(jobs, tokens, device, out):
+def _time(jobs, tokens, graph_tokens, device, out):
     timer = bench._Timer(device, 50, 0.2)
     timer.spin(bench.SPIN_UP_S)
     for name, i in jobs:
@@ -147,17 +150,19 @@ def _time(jobs, tokens, device, out):
                 sec, _ = timer.eager(fn)
                 copy, _ = bench._measure_copy(timer, device, nbytes, graph=False)
                 rec.update(seconds=sec, fraction_of_copy=(nbytes / sec) / (nbytes / copy))
-                fn64, b64 = _fn(name, 64, device)
-                g = timer.graph(fn64)
-                _, gcopy = bench._measure_copy(timer, device, b64, graph=True)
-                rec.update(graph_us_64=g * 1e6, copy_graph_us_64=gcopy * 1e6 if gcopy else None)
+                for gt in graph_tokens:
+                    fng, bg = _fn(name, gt, device)
+                    g = timer.graph(fng)
+                    _, gcopy = bench._measure_copy(timer, device, bg, graph=True)
+                    rec.update({f"graph_us_{gt}": g * 1e6,
+                                f"copy_graph_us_{gt}": gcopy * 1e6 if gcopy else None})
         except Exception as exc:
             rec["error"] = f"{type(exc).__name__}: {exc}"[:300]
         out.write(json.dumps(rec) + "\n")
         out.flush()
 
 
-def _summary(path):
+def _summary(path, graph_tokens=(64,)):
     rows = [json.loads(line) for line in open(path)]
     lines = []
     for name in dict.fromkeys(r["variant"] for r in rows):
@@ -167,11 +172,16 @@ def _summary(path):
             continue
         default = next((r for r in rs if r["shape"] is None), None)
         best = max(rs, key=lambda r: r["fraction_of_copy"])
-        fast64 = min(rs, key=lambda r: r["graph_us_64"])
-        d = f"{default['fraction_of_copy']:.2f} / {default['graph_us_64']:.2f} us" if default else "-"
-        lines.append(f"{name}: default {d}; best bw {best['shape']} {best['fraction_of_copy']:.2f} "
-                     f"({best['graph_us_64']:.2f} us); best graph64 {fast64['shape']} "
-                     f"{fast64['graph_us_64']:.2f} us ({fast64['fraction_of_copy']:.2f})")
+        g0 = f"graph_us_{graph_tokens[-1]}"
+        d = f"{default['fraction_of_copy']:.2f} / {default[g0]:.2f} us" if default else "-"
+        line = f"{name}: default {d}; best bw {best['shape']} {best['fraction_of_copy']:.2f} ({best[g0]:.2f} us)"
+        for gt in graph_tokens:
+            key = f"graph_us_{gt}"
+            fast = min(rs, key=lambda r: r[key])
+            dg = f", default {default[key]:.2f} us" if default else ""
+            line += (f"; best graph{gt} {fast['shape']} {fast[key]:.2f} us"
+                     f" ({fast['fraction_of_copy']:.2f}{dg})")
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -179,6 +189,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m dsv41.backends.triton.sweep", description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--tokens", type=int, default=65536)
+    p.add_argument("--graph-tokens", type=int, nargs="+", default=[64],
+                   help="decode sizes timed under CUDA-graph replay (default 64)")
     p.add_argument("--jobs", type=int, default=8, help="compile workers (phase 1)")
     p.add_argument("--only", nargs="+", help="variants whose name contains one of these")
     p.add_argument("--worker", type=int, nargs=2, metavar=("K", "N"), help=argparse.SUPPRESS)
@@ -187,11 +199,12 @@ def main(argv=None):
     jobs = _jobs(a.only)
     if a.worker:
         k, n = a.worker
-        _compile(jobs[k::n], a.tokens, device)
+        _compile(jobs[k::n], a.tokens, a.graph_tokens, device)
         return 0
     os.makedirs(a.out, exist_ok=True)
     t0 = time.time()
-    cmd = [sys.executable, "-P", "-m", "dsv41.backends.triton.sweep", "--out", a.out, "--tokens", str(a.tokens)]
+    cmd = [sys.executable, "-P", "-m", "dsv41.backends.triton.sweep", "--out", a.out, "--tokens", str(a.tokens),
+           "--graph-tokens", *map(str, a.graph_tokens)]
     if a.only:
         cmd += ["--only", *a.only]
     procs = [subprocess.Popen([*cmd, "--worker", str(k), str(a.jobs)]) for k in range(a.jobs)]
@@ -200,8 +213,8 @@ def main(argv=None):
     print(f"compiled {len(jobs)} shapes in {time.time() - t0:.0f} s", flush=True)
     path = os.path.join(a.out, "sweep.jsonl")
     with open(path, "w") as out:
-        _time(jobs, a.tokens, device, out)
-    text = _summary(path)
+        _time(jobs, a.tokens, a.graph_tokens, device, out)
+    text = _summary(path, a.graph_tokens)
     open(os.path.join(a.out, "sweep.txt"), "w").write(text + "\n")
     print(text)
     print(f"sweep done in {time.time() - t0:.0f} s")
