@@ -116,8 +116,8 @@ CONFIG = {
         "rope:bf16:decode": (4, 8),
         "indexer:fp8": (32, 8), "indexer:fp8:decode": (8, 4),
         "norm1:None": (1, 2), "norm1:None:decode": (1, 4),
-        # CR 2: one token per program, so the programs of tokens that close no pair stop
-        # before any row load (second H200 run: 0.72 of copy at 65536, was 0.52)
+        # CR 2 beyond decode sizes: pair programs (two tokens, BLOCK_T 1) of one warp
+        # (session-6 sweeps, h200-sweep-6-call*.jsonl: 0.88-0.90 of copy; 4 warps 0.84)
         "norm2:None": (1, 1), "norm2:None:decode": (1, 8),
     },
 }
@@ -382,7 +382,8 @@ def _rsqrt_rn(v):
 @triton.jit
 def _exp2_rn(y):
     """fl32(2^y) for fp32 y <= 0, equal to the reference's fl32(exp2(float64 y)) for every
-    fp32 y in [-151, 0] (exhaustive check, tests/test_gpu_exhaustive.py; below -151 both are 0).
+    fp32 y in [-151, 0] (below -151 both are 0): exhaustive checks of this source in the
+    interpreter (``test_exp2_rn_every_input``) and of its sm_90 build (tests/test_gpu_exhaustive.py).
 
     2^y = 2^n * 2^f, n = rint(y), f = y - n in [-1/2, 1/2] (exact); 2^f by a degree-11
     polynomial in float64 (Chebyshev fit, relative error < 2^-55 with its coefficients
