@@ -1302,6 +1302,7 @@ def _compress_norm_kernel(
     # PDL: the ring save (our own PDL secondary) is scheduled while this kernel runs
     launch.pdl_prologue(PDL)
     # CR 2 beyond decode sizes: program k takes tokens 2k and 2k + 1 (BLOCK_T = 1)
+    tl.static_assert(CR == 1 or SPEC or BLOCK_T == 1, "CR-2 pair programs take BLOCK_T = 1")
     t = tl.program_id(0) * (2 * BLOCK_T if CR == 2 and not SPEC else BLOCK_T) + tl.arange(0, BLOCK_T)
     tmask = t < T
     slot = tl.load(slot_ptr + t, mask=tmask, other=-1)
