@@ -141,3 +141,62 @@ def test_host_integer_helpers_and_span():
             want = int(idx.max())
         assert rope_kernels._span(v) == want, (v.shape, v.stride())
     assert rope_kernels._span(None, *views) == base.numel() - 1
+
+
+INV_ROPE = [c for c in CASES if c.op == "fused_inv_rope_fp8_quant"]
+
+
+def _inv_rope_split_shapes():
+    from dsv41.backends.triton.sweep import SPACES
+
+    return SPACES["fused_inv_rope_fp8_quant [split rows]"][1]
+
+
+@pytest.mark.parametrize("case", INV_ROPE, ids=[c.id for c in INV_ROPE])
+@pytest.mark.parametrize("impl", TRITON_IMPLS or [None], ids=[i.name for i in TRITON_IMPLS] or ["none"])
+def test_inv_rope_split_rows(impl, case, monkeypatch):
+    """Every launch shape of the sweep's split-row space (programs of one quant chunk or half
+    a row, so only the window with the RoPE dims loads position and cos/sin) writes the
+    reference's bytes: scales per window, the NoPE-only windows' rows untouched by RoPE,
+    quant groups of 32 (windows of several chunks) and bf16 rows (no chunks)."""
+    if impl is None:
+        pytest.skip("no Triton implementation runs here (GPU or TRITON_INTERPRET=1)")
+    why = impl.skip_reason(case.op)
+    if why:
+        pytest.skip(why)
+    from dsv41.backends.triton import rope_kernels
+
+    args = case.build("cpu")
+    want = clone_args(args)
+    ReferenceBackend().load(case.op)(*want)
+    # both windows x tiles of one and four rows (each shape is its own build; the shape the
+    # sweep picks for decode sizes runs the whole conformance matrix anyway)
+    shapes = [s for s in _inv_rope_split_shapes() if s["num_warps"] == 1 and s["BLOCK_T"] == s["BLOCK_H"] < 4]
+    assert len(shapes) == 4
+    # and the decode shapes in force (the conformance cases have at most 8 tokens)
+    shapes += [rope_kernels.MEASURED["fused_inv_rope_fp8_quant:" + k] for k in ("tiny", "decode")]
+    for shape in shapes:
+        monkeypatch.setitem(rope_kernels.TUNE, "fused_inv_rope_fp8_quant", shape)
+        got = _on(impl.device, clone_args(args))
+        impl.kernel(case.op)(*got)
+        if impl.device != "cpu":
+            getattr(torch, impl.device).synchronize()
+        for i in case.writes:
+            if want[i] is None:
+                continue
+            w, g = written_bytes(want[i]), written_bytes(got[i])
+            assert w.numel() == g.numel() and torch.equal(w, g), \
+                f"{shape} arg {i}: {int((w != g).sum())} bytes differ"
+
+
+def test_measured_shape_tiers():
+    """``launch.measured``: ":tiny" up to TINY_T tokens, ":decode" up to DECODE_T, the plain
+    key beyond (and for None), each falling back to the next broader entry."""
+    tiers = {"op": "big", "op:decode": "decode", "op:tiny": "tiny"}
+    T, D = launch.TINY_T, launch.DECODE_T
+    assert [launch.measured(tiers, "op", n) for n in (1, T, T + 1, D, D + 1, None)] == \
+        ["tiny", "tiny", "decode", "decode", "big", "big"]
+    no_tiny = {"op": "big", "op:decode": "decode"}
+    assert [launch.measured(no_tiny, "op", n) for n in (1, D, D + 1)] == ["decode", "decode", "big"]
+    assert launch.measured({"op:tiny": "tiny"}, "op", T + 1) is None
+    assert launch.measured({}, "op", 1) is None

@@ -93,6 +93,14 @@ CONFIG = {
         "norm2": 4,
         "ring": 4,
     },
+    # 288 record on NVIDIA: the RoPE groups' e2m1 compares on bf16x2 words
+    # (_nvfp4_rope_words); False: one fp32 value per compare (_nvfp4_pairs)
+    "rope288_words": True,
+    # register cap (ptxas maxnreg) of the CR-2 pair programs; None: the compiler's choice.
+    # 64: the compiler's 70 registers held an SM to 28 one-warp programs (Nsight Compute:
+    # 40 % occupancy, DRAM 80 %); at 64 the 32-block limit binds (session-7 sweep, three
+    # passes at 65536 tokens: 0.90-0.93 of copy against 0.87-0.91; 56: 0.88-0.89)
+    "norm2_maxnreg": 64,
     # upper bound on gather programs (grid = requests x workers)
     "gather_programs": 2048,
     # per-variant shapes (BLOCK_T, num_warps), key "<kernel>:<variant>" (e.g. "rope:288"),
@@ -142,6 +150,11 @@ def _ptx(t: torch.Tensor) -> bool:
     if CONFIG["ptx_pairs"] is False or _soft(t):
         return False
     return t.device.type == "cuda" and torch.version.hip is None
+
+
+def _maxnreg(t: torch.Tensor, regs) -> dict:
+    """Launch keyword capping registers per thread (NVIDIA builds only; none otherwise)."""
+    return {"maxnreg": int(regs)} if regs and _ptx(t) else {}
 
 
 def _exact_log2() -> bool:
@@ -663,33 +676,80 @@ def _e2m1_thresholds_bf16x2(S):
 
 
 @triton.jit
-def _e2m1x2_of_quotient_words(a, r, t025, t075, t125, t175, t25, t35, t5):
-    """``_e2m1_code_of_quotient`` for both halves of a bf16 pair word at once (NVIDIA PTX):
-    ``a`` the word with the signs cleared, ``r`` the word (for the signs), ``t*`` the
-    thresholds t * S as bf16x2 (``_e2m1_thresholds_bf16x2``) -> each half's code in its top
-    nibble (bits 12-15 / 28-31; ``_e2m1x2_bytes`` makes the byte).  Comparing two bf16 values
-    is comparing their fp32 values, so this is the same three-compare binary search; the
-    unordered compares (``geu`` / ``gtu``) pass a NaN through all three: code 7 (the
-    canonical NaN has a clear sign bit).  The compare masks select into bits 12-14 and the
-    sign is already bit 15."""
+def _e2m1x2_of_quotient_words(a, au, r, t025, t075, t125, t175, t25, t35, t5):
+    """``_e2m1_code_of_quotient`` for both halves of a pair word at once (NVIDIA PTX): ``a``
+    the bf16x2 magnitudes for the ``>=`` compares, ``au`` those for the ``>`` compare (the
+    same word for bf16 values; see ``_nvfp4_rope_words`` for fp32 values), ``r`` a word
+    with the signs in bits 15 / 31, ``t*`` the thresholds t * S as bf16x2
+    (``_e2m1_thresholds_bf16x2``) -> each half's code in its top nibble (bits 12-15 / 28-31;
+    ``_e2m1x2_bytes`` makes the byte).  Comparing two bf16 values is comparing their fp32
+    values, so this is the same three-compare binary search; the unordered compares
+    (``geu`` / ``gtu``) pass a NaN through all three: code 7 (the canonical NaN has a clear
+    sign bit).  The compare masks select into bits 12-14 and the sign is already bit 15."""
     return tl.inline_asm_elementwise(
         """
         {
         .reg .b32 h, m, l, t, u, v;
-        set.geu.u32.bf16x2 h, $1, $6;
-        lop3.b32 t, h, $8, $4, 0xCA;
+        set.geu.u32.bf16x2 h, $1, $7;
+        lop3.b32 t, h, $9, $5, 0xCA;
         set.geu.u32.bf16x2 m, $1, t;
-        lop3.b32 u, m, $9, $7, 0xCA;
-        lop3.b32 v, m, $5, $3, 0xCA;
+        lop3.b32 u, m, $10, $8, 0xCA;
+        lop3.b32 v, m, $6, $4, 0xCA;
         lop3.b32 t, h, u, v, 0xCA;
-        set.gtu.u32.bf16x2 l, $1, t;
+        set.gtu.u32.bf16x2 l, $2, t;
         lop3.b32 t, h, m, 0x40004000, 0xE4;
         lop3.b32 t, t, l, 0x60006000, 0xE4;
-        lop3.b32 $0, $2, t, 0x80008000, 0xE4;
+        lop3.b32 $0, $3, t, 0x80008000, 0xE4;
         }
         """,
-        "=r,r,r,r,r,r,r,r,r,r", [a, r, t025, t075, t125, t175, t25, t35, t5],
+        "=r,r,r,r,r,r,r,r,r,r,r", [a, au, r, t025, t075, t125, t175, t25, t35, t5],
         dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _bf16x2_bounds(e, o):
+    """fp32 pairs (e, o) as int32 bits -> three words, low half from e: |e|, |o| rounded to
+    bf16 toward zero, the same rounded up, and the raw high halves (signs in bits 15 / 31).
+    For x >= 0 and a bf16 value t: x >= t iff RZ(x) >= t, and x > t iff RU(x) > t, so the
+    e2m1 compares of fp32 values run on these words.  RZ is the high half; RU adds 0xFFFF
+    first, after ``min.u32`` with 0x7F800001 so that a NaN (the canonical 0x7FFFFFFF) stays
+    a NaN (0x7F81) instead of carrying into the sign bit; Inf and the largest finite value
+    give Inf.  (``add.sat.s32`` does the same in one PTX instruction, but in more SASS.)"""
+    return tl.inline_asm_elementwise(
+        """
+        {
+        .reg .b32 ae, ao;
+        and.b32 ae, $3, 0x7FFFFFFF;
+        and.b32 ao, $4, 0x7FFFFFFF;
+        prmt.b32 $0, ae, ao, 0x7632;
+        min.u32 ae, ae, 0x7F800001;
+        min.u32 ao, ao, 0x7F800001;
+        add.u32 ae, ae, 0xFFFF;
+        add.u32 ao, ao, 0xFFFF;
+        prmt.b32 $1, ae, ao, 0x7632;
+        prmt.b32 $2, $3, $4, 0x7632;
+        }
+        """,
+        "=r,=r,=r,r,r", [e, o], dtype=(tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
+
+
+@triton.jit
+def _nvfp4_rope_words(e, o):
+    """``_nvfp4_pairs`` for fp32 pairs ``[BT, NG, 8]`` (the rotated RoPE dims; NVIDIA PTX,
+    native conversions): amax and scale in fp32 as there, the e2m1 compares on bf16x2 words
+    of |x| rounded toward zero (the ``>=`` thresholds) and up (the ``>`` ones), two values
+    per instruction (``_bf16x2_bounds``).  A NaN here comes out of the rotation's fma, so it
+    is the canonical +NaN: code 7, as in ``_e2m1_code_of_quotient``."""
+    amax = tl.maximum(tl.max(tl.abs(e), axis=2), tl.max(tl.abs(o), axis=2))
+    sf = tl.minimum(tl.maximum(amax * (1.0 / 6.0), 0.001953125), 448.0)
+    sb = _e4m3_encode(sf, False, False)
+    t025, t075, t125, t175, t25, t35, t5 = _e2m1_thresholds_bf16x2(_e4m3_decode(sb, False, False))
+    z, u, r = _bf16x2_bounds(e.to(tl.int32, bitcast=True), o.to(tl.int32, bitcast=True))
+    return _e2m1x2_bytes(_e2m1x2_of_quotient_words(
+        z, u, r, tl.broadcast_to(t025[:, :, None], z.shape), tl.broadcast_to(t075[:, :, None], z.shape),
+        tl.broadcast_to(t125[:, :, None], z.shape), tl.broadcast_to(t175[:, :, None], z.shape),
+        tl.broadcast_to(t25[:, :, None], z.shape), tl.broadcast_to(t35[:, :, None], z.shape),
+        tl.broadcast_to(t5[:, :, None], z.shape))), sb
 
 
 @triton.jit
@@ -729,7 +789,7 @@ def _nvfp4_words(w, SANITIZE: tl.constexpr):
     sb = _e4m3_encode(sf, False, False)
     t025, t075, t125, t175, t25, t35, t5 = _e2m1_thresholds_bf16x2(_e4m3_decode(sb, False, False))
     return _e2m1x2_bytes(_e2m1x2_of_quotient_words(
-        a, r, tl.broadcast_to(t025[:, :, None], a.shape), tl.broadcast_to(t075[:, :, None], a.shape),
+        a, a, r, tl.broadcast_to(t025[:, :, None], a.shape), tl.broadcast_to(t075[:, :, None], a.shape),
         tl.broadcast_to(t125[:, :, None], a.shape), tl.broadcast_to(t175[:, :, None], a.shape),
         tl.broadcast_to(t25[:, :, None], a.shape), tl.broadcast_to(t35[:, :, None], a.shape),
         tl.broadcast_to(t5[:, :, None], a.shape))), sb
@@ -953,7 +1013,7 @@ def _rope_quant_insert_kernel(
     CR: tl.constexpr, MODE: tl.constexpr, SANITIZE: tl.constexpr, WORDS: tl.constexpr,
     ALIGN: tl.constexpr, SOFT: tl.constexpr, PTX: tl.constexpr, EXACT_LOG2: tl.constexpr,
     BLOCK_T: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, ROPE_WORDS: tl.constexpr = True,
 ):
     launch.pdl_prologue(PDL)
     # The latent is read as pairs (e, o) = dims (2i, 2i+1), i < 256: pairs 0..223 are NoPE
@@ -1049,7 +1109,10 @@ def _rope_quant_insert_kernel(
             if SANITIZE:
                 re3 = tl.where(re3 != re3, 0.0, re3)
                 ro3 = tl.where(ro3 != ro3, 0.0, ro3)
-            br, sr = _nvfp4_pairs(re3, ro3, SOFT)
+            if PTX and ROPE_WORDS:
+                br, sr = _nvfp4_rope_words(re3, ro3)
+            else:
+                br, sr = _nvfp4_pairs(re3, ro3, SOFT)
             tl.store(cache_ptr + (vbase + 224)[:, None, None] + pr[None, :, :], br,
                      mask=valid[:, None, None])
             if PTX:
@@ -1125,7 +1188,8 @@ def rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, 
         fp8_scale if fp8_scale is not None else slot_mapping, T, B,
         CR=int(compress_ratio), MODE=mode, SANITIZE=bool(sanitize_nans), WORDS=words,
         ALIGN=_align(cache, page_stride, row_stride), SOFT=_soft(kv_cache), PTX=_ptx(kv_cache),
-        EXACT_LOG2=_exact_log2(), BLOCK_T=BT, PDL=pdl, num_warps=NW, **launch.pdl_kwargs(pdl),
+        EXACT_LOG2=_exact_log2(), BLOCK_T=BT, PDL=pdl, ROPE_WORDS=bool(CONFIG["rope288_words"]),
+        num_warps=NW, **launch.pdl_kwargs(pdl),
     )
 
 
@@ -1481,8 +1545,7 @@ def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, que
         state_cache.stride(1), cap, slot_mapping, query_start_loc, token_to_req_indices,
         rms_norm_weight, eps, latent_out, latent_out.stride(0), T,
         CR=2, SOFT=soft, BLOCK_T=BT, SPEC=spec, PTX=_ptx(latent_out), PDL=pdl,
-        num_warps=NW,
-        **launch.pdl_kwargs(pdl),
+        num_warps=NW, **launch.pdl_kwargs(pdl), **_maxnreg(latent_out, None if spec else CONFIG["norm2_maxnreg"]),
     )
     R = query_start_loc.numel() - 1
     if R > 0 and cap > 0:

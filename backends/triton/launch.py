@@ -14,13 +14,19 @@ import triton.language as tl
 # Launches of at most this many tokens (rows for the index builders) take the shapes measured
 # for latency (CUDA-graph replay at 64 tokens); larger ones those measured for bandwidth.
 DECODE_T = 64
+# A table may give launches of at most this many tokens a shape of their own (":tiny"; the
+# best shape at 1-8 tokens can be a poor one at 64).
+TINY_T = 8
 
 
 def measured(table: dict, key: str, tokens: int | None):
-    """``table[key + ":decode"]`` for a decode-sized launch if present, else ``table[key]``,
+    """``table[key + ":tiny"]`` for a launch of at most TINY_T tokens if present, else
+    ``table[key + ":decode"]`` for a decode-sized launch if present, else ``table[key]``,
     else None (the launcher's own heuristics)."""
     if tokens is not None and tokens <= DECODE_T:
-        hit = table.get(key + ":decode")
+        hit = table.get(key + ":tiny") if tokens <= TINY_T else None
+        if hit is None:
+            hit = table.get(key + ":decode")
         if hit is not None:
             return hit
     return table.get(key)

@@ -73,11 +73,17 @@ TUNE: dict = {}
 
 # Measured launch shapes at V4.1 production sizes (H200 sweep of 2026-12-02, python -m
 # dsv41.backends.triton.sweep): "<op>" for launches of more than launch.DECODE_T tokens (best
-# fraction of copy at 65536), "<op>:decode" for the others (best CUDA-graph replay at 64).
+# fraction of copy at 65536), "<op>:decode" for the others (best CUDA-graph replay at 64),
+# "<op>:tiny" where launches of at most launch.TINY_T tokens have their own.
 # TUNE overrides them; ops / sizes without an entry use the heuristics of their launcher.
 MEASURED = {
     "fused_inv_rope_fp8_quant": {"BLOCK_T": 2, "BLOCK_H": 8, "num_warps": 4},
-    "fused_inv_rope_fp8_quant:decode": {"BLOCK_T": 4, "BLOCK_H": 1, "num_warps": 4},
+    # decode sizes: programs of one quant chunk (BLOCK_D 128), so only the chunk with the
+    # RoPE dims waits for position -> cos/sin (session-7 sweep, five passes, 16 heads:
+    # 1.12-1.17 us at 1 token with 1 x 4 heads, 1.78-1.80 us at 64 with 4 x 4; whole rows
+    # of 4 x 1 took 1.56-1.63 / 1.97)
+    "fused_inv_rope_fp8_quant:tiny": {"BLOCK_T": 1, "BLOCK_H": 4, "num_warps": 4, "BLOCK_D": 128},
+    "fused_inv_rope_fp8_quant:decode": {"BLOCK_T": 4, "BLOCK_H": 4, "num_warps": 4, "BLOCK_D": 128},
     # one warp per row: its reductions stay in warp shuffles (second H200 sweep: 0.77 of
     # copy at 65536 rows, 0.54 with the former 2 rows x 2 warps)
     "fused_q_kv_rmsnorm_quant": {"BLOCK_T": 1, "num_warps": 1},
@@ -559,10 +565,15 @@ def _inv_rope_kernel(
     OFF64: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
+    # A program takes BLOCK_T tokens x BLOCK_H heads x one window of 2·BLOCK_P dims (grid
+    # axis 2; a whole row unless a decode shape splits it into quant chunks): a window
+    # without RoPE dims loads neither the position nor cos/sin, so only the window with the
+    # RoPE dims waits for position -> cos/sin, and its arithmetic after that is one chunk's.
     launch.pdl_prologue(PDL)
     IDX: tl.constexpr = tl.int64 if OFF64 else tl.int32
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     n = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    w = tl.program_id(2)
     tm = t < T
     nm = n < NH
     th_m = tm[:, None] & nm[None, :]
@@ -570,8 +581,9 @@ def _inv_rope_kernel(
     g = (n // HG).to(IDX)
     hg = n % HG
 
-    pos = tl.load(pos_ptr + ti * s_pos, mask=tm, other=0).to(IDX)
-    i = tl.arange(0, BLOCK_P)
+    has_rope = (t * 0 + (w + 1) * BLOCK_P) > NOPE // 2  # [BLOCK_T], all equal
+    pos = tl.load(pos_ptr + ti * s_pos, mask=tm & has_rope, other=0).to(IDX)
+    i = w * BLOCK_P + tl.arange(0, BLOCK_P)
     rope = (i >= NOPE // 2) & (i < DH // 2)
     ri = tl.where(rope, i - NOPE // 2, 0)
     cs_off = pos[:, None] * s_cs + ri[None, :]
@@ -579,7 +591,7 @@ def _inv_rope_kernel(
     c = tl.load(cs_ptr + cs_off, mask=cs_m, other=1.0)[:, None, :]
     s = tl.load(cs_ptr + cs_off + HALF, mask=cs_m, other=0.0)[:, None, :]
 
-    d = tl.arange(0, 2 * BLOCK_P)
+    d = w * (2 * BLOCK_P) + tl.arange(0, 2 * BLOCK_P)
     d_m = th_m[:, :, None] & (d < DH)[None, None, :]
     orow = (ti * s_o0)[:, None] + (n.to(IDX) * s_o1)[None, :]
     x = tl.load(o_ptr + orow[:, :, None] + d[None, None, :], mask=d_m, other=0.0).to(tl.float32)
@@ -623,7 +635,7 @@ def _inv_rope_kernel(
         tl.store(out_ptr + row + col, codes, mask=d_m)
 
         # §4.5 / §4.7 scales: element (t, g, k) at [g, k·Ta + t]; rows T <= t < Ta get 0.
-        cc = tl.arange(0, NC)[None, None, :]
+        cc = (w * NC + tl.arange(0, NC))[None, None, :]
         if PERM:
             blk = cc * HG + hg3
         else:
@@ -640,6 +652,18 @@ def _inv_rope_kernel(
             val = tl.where(tm3, _pow2_of(E), 0.0)
             addr = g3 + (blk.to(IDX) * Ta + t3) * s_sc1
         tl.store(sc_ptr + addr, val, mask=s_m)
+
+
+def _row_window(block_d, dh: int, qg: int) -> int:
+    """Dims per program of the inverse RoPE: ``block_d`` (a shape's ``BLOCK_D``) raised to a
+    whole quant chunk ``qg`` and capped at the padded row; the whole row when the shape has
+    none or the row is not a whole number of such windows (a window must not straddle the
+    row's end: the chunk scales are per window)."""
+    row = _pow2(dh)
+    if not block_d:
+        return row
+    win = min(max(_pow2(block_d), qg), row)
+    return win if dh % win == 0 else row
 
 
 def fused_inv_rope_fp8_quant(
@@ -678,10 +702,12 @@ def fused_inv_rope_fp8_quant(
     bt, bh = _tile_th(Ta, NH, 2 * block_p, target)
     off64 = max(_span(o, out_buf, cos_sin_cache, positions),
                 4 * _span(scale_buf) + 4) >= _I32_SAFE
+    window = 2 * block_p
     cfg = _launch_shape("fused_inv_rope_fp8_quant", T)
     if cfg:
         bt, bh, warps = cfg["BLOCK_T"], cfg["BLOCK_H"], cfg["num_warps"]
-    grid = (launch.cdiv(Ta, bt), launch.cdiv(NH, bh))
+        window = _row_window(cfg.get("BLOCK_D"), Dh, QG if quantize else 2)
+    grid = (launch.cdiv(Ta, bt), launch.cdiv(NH, bh), launch.cdiv(Dh, window))
     pdl = launch.decode_pdl(o.device, T)
     _inv_rope_kernel[grid](
         o, o.stride(0), o.stride(1),
@@ -691,7 +717,7 @@ def fused_inv_rope_fp8_quant(
         sc, *sc_strides,
         T, Ta, NH,
         HG=HG, DH=Dh, NOPE=nope_dim, HALF=rope_dim // 2, QG=QG if quantize else 2,
-        BLOCK_T=bt, BLOCK_H=bh, BLOCK_P=block_p,
+        BLOCK_T=bt, BLOCK_H=bh, BLOCK_P=window // 2,
         QUANT=bool(quantize), PACKED=bool(quantize and tma_aligned_scales),
         PERM=bool(quantize and permuted_output), CVT_HW=use_hw_convert(o.device),
         OFF64=off64, PDL=pdl, num_warps=warps, **launch.pdl_kwargs(pdl),

@@ -10,7 +10,9 @@ suite checks the chosen defaults.  Phase 1 compiles every shape in ``--jobs`` wo
 processes (Triton's on-disk cache is shared), phase 2 times them one after the other, so
 the timing runs alone on the device.  Results: ``DIR/sweep.jsonl`` (one line per shape) and
 ``DIR/sweep.txt`` (best shape per variant next to the built-in default).  ``--graph-tokens``
-times the replay at other decode sizes too (e.g. ``1 8 64``).
+times the replay at other decode sizes too (e.g. ``1 8 64``); ``--repeat N`` times every
+shape N times, in N passes, and the summary takes medians (decode-size replay times move
+by +-0.2 us between moments of one run).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dsv41.backends.triton import cache_kernels, index_kernels, rope_kernels
 from dsv41 import bench
 
 DEFAULT = None  # the built-in launch shape of a launcher
+_ABSENT = object()  # a table key the sweep added (removed again afterwards)
 
 
 def _grid(**axes):
@@ -38,7 +41,8 @@ def _grid(**axes):
 
 _CACHE_BT_NW = _grid(bt=(4, 8, 16, 32), nw=(2, 4, 8))
 
-# variant name -> (how to apply a shape, the shapes)
+# space name -> (how to apply a shape, the shapes[, the benchmark variant when the space's
+# name is not that variant's])
 SPACES = {
     "quantize_and_insert_k_cache [584]": (("cache", "insert:584"), _CACHE_BT_NW),
     "quantize_and_insert_k_cache [528]": (("cache", "insert:528"), _CACHE_BT_NW),
@@ -49,17 +53,39 @@ SPACES = {
     "rope_quant_insert [528]": (("cache", "rope:528"), _CACHE_BT_NW),
     "rope_quant_insert [288]": (("cache", "rope:288"), _grid(bt=(1, 2, 4, 8, 16), nw=(1, 2, 4))),
     "rope_quant_insert [bf16]": (("cache", "rope:bf16"), _CACHE_BT_NW),
+    # the 288 writer's RoPE groups: e2m1 compares on bf16x2 words or on fp32 values
+    "rope_quant_insert [288] rope compares": (("flag", "rope288_words"), [{"value": False}],
+                                              "rope_quant_insert [288]"),
     "indexer_k_norm_rope_store [FP8]": (("cache", "indexer:fp8"), _grid(bt=(8, 16, 32, 64), nw=(2, 4, 8))),
     "fused_save_compress_norm [CR1]": (("cache", "norm1:None"), _grid(bt=(1, 2, 4, 8), nw=(2, 4, 8))),
     # CR 2 at prefill sizes runs one program per two tokens (BLOCK_T 1); the decode shape
     # takes BLOCK_T from the grid
     "fused_save_compress_norm [CR2]": (("cache", "norm2:None"), _grid(bt=(1, 2, 4), nw=(1, 2, 4, 8))),
+    # CR 2 pair programs (one warp) under a register cap: 70 registers hold an SM to 28
+    # resident warps, 64 lets the 32-block limit bind (Nsight Compute, session 7)
+    "fused_save_compress_norm [CR2] maxnreg": (("flag", "norm2_maxnreg"), [{"value": 64}, {"value": 56}],
+                                               "fused_save_compress_norm [CR2]"),
     "fused_indexer_q_rope_quant [FP8]": (("rope", "fused_indexer_q_rope_quant"),
                                          _grid(BLOCK_T=(1, 2, 4), BLOCK_H=(16, 32, 64), num_warps=(4, 8))),
     "fused_indexer_q_rope_quant [MXFP4]": (("rope", "fused_indexer_q_rope_quant"),
                                            _grid(BLOCK_T=(1, 2, 4), BLOCK_H=(16, 32, 64), num_warps=(4, 8))),
     "fused_inv_rope_fp8_quant": (("rope", "fused_inv_rope_fp8_quant"),
                                  _grid(BLOCK_T=(1, 2, 4, 8), BLOCK_H=(1, 2, 4, 8, 16), num_warps=(1, 2, 4, 8))),
+    # decode shapes whose programs take one quant chunk (128 dims) or half a row: only the
+    # chunk with the RoPE dims waits for position -> cos/sin
+    "fused_inv_rope_fp8_quant [split rows]": (("rope", "fused_inv_rope_fp8_quant"),
+                                              _grid(BLOCK_T=(1, 2, 4), BLOCK_H=(1, 2, 4),
+                                                    num_warps=(1, 2, 4), BLOCK_D=(128, 256)),
+                                              "fused_inv_rope_fp8_quant"),
+    # the split-row shapes that led at 1 / 8 / 64 tokens in the first pass (session 7),
+    # timed again with --repeat
+    "fused_inv_rope_fp8_quant [decode shortlist]": (
+        ("rope", "fused_inv_rope_fp8_quant"),
+        [dict(BLOCK_T=bt, BLOCK_H=bh, num_warps=nw, BLOCK_D=bd) for bt, bh, nw, bd in (
+            (1, 4, 4, 128), (1, 2, 4, 128), (1, 1, 2, 128), (2, 2, 1, 128), (2, 2, 2, 128),
+            (1, 4, 2, 128), (2, 4, 4, 128), (4, 2, 4, 128), (4, 4, 4, 128), (4, 1, 4, 128),
+            (4, 1, 4, 256), (2, 2, 4, 256), (4, 4, 4, 256), (4, 1, 4, 512))],
+        "fused_inv_rope_fp8_quant"),
     "fused_q_kv_rmsnorm_quant": (("rope", "fused_q_kv_rmsnorm_quant"),
                                  _grid(BLOCK_T=(1, 2, 4, 8), num_warps=(1, 2, 4, 8))),
     "compute_global_topk_indices_and_lens": (("index", "compute_global_topk_indices_and_lens"),
@@ -69,7 +95,8 @@ SPACES = {
 
 
 class _Applied:
-    """Context manager: one launch shape in force at every size (DEFAULT: the built-in ones)."""
+    """Context manager: one launch shape (or a ``flag`` of cache_kernels.CONFIG) in force at
+    every size (DEFAULT: the built-in ones)."""
 
     def __init__(self, where, shape):
         self.kind, self.key = where
@@ -77,6 +104,8 @@ class _Applied:
         self.saved = {}
 
     def _table(self):
+        if self.kind == "flag":
+            return cache_kernels.CONFIG
         if self.kind == "cache":
             return cache_kernels.CONFIG["variant"]
         return index_kernels.TUNE if self.kind == "index" else rope_kernels.TUNE
@@ -84,9 +113,14 @@ class _Applied:
     def __enter__(self):
         table = self._table()
         keys = (self.key, self.key + ":decode") if self.kind == "cache" else (self.key,)
-        self.saved = {k: table.get(k) for k in keys}
+        self.saved = {k: table.get(k, _ABSENT) for k in keys}
         if self.shape is not None:
-            value = (self.shape["bt"], self.shape["nw"]) if self.kind == "cache" else dict(self.shape)
+            if self.kind == "flag":
+                value = self.shape["value"]
+            elif self.kind == "cache":
+                value = (self.shape["bt"], self.shape["nw"])
+            else:
+                value = dict(self.shape)
             for k in keys:
                 table[k] = value
         return self
@@ -94,7 +128,7 @@ class _Applied:
     def __exit__(self, *exc):
         table = self._table()
         for k, v in self.saved.items():
-            if v is None:
+            if v is _ABSENT:
                 table.pop(k, None)
             else:
                 table[k] = v
@@ -108,7 +142,7 @@ def _variant(name):
 
 
 def _fn(name, tokens, device):
-    v = _variant(name)
+    v = _variant(SPACES[name][2] if len(SPACES[name]) > 2 else name)
     gen = bench._Gen(device, bench._seed(0, v, tokens))
     case = v.build(gen, tokens, bench._platform.probe())
     from dsv41.backends.cuda import CudaTritonBackend
@@ -138,12 +172,14 @@ def _compile(jobs, tokens, graph_tokens, device):
             print(f"compile {name} #{i}: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
-def _time(jobs, tokens, graph_tokens, device, out):
+def _time(jobs, tokens, graph_tokens, device, out, repeat=1):
     timer = bench._Timer(device, 50, 0.2)
     timer.spin(bench.SPIN_UP_S)
-    for name, i in jobs:
+    # passes over every shape, one after the other, so that a slow stretch of the device
+    # (clocks, a neighbour) hits all shapes alike; the summary takes each figure's median
+    for (rep, (name, i)) in ((r, j) for r in range(repeat) for j in jobs):
         timer.spin(bench.SPIN_S / 2)
-        rec = {"variant": name, "shape": _shape(name, i), "tokens": tokens}
+        rec = {"variant": name, "shape": _shape(name, i), "tokens": tokens, "rep": rep}
         try:
             with _Applied(SPACES[name][0], rec["shape"]):
                 fn, nbytes = _fn(name, tokens, device)
@@ -162,8 +198,28 @@ def _time(jobs, tokens, graph_tokens, device, out):
         out.flush()
 
 
+def _medians(rows):
+    """One row per (variant, shape): the median of each figure over its passes."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["variant"], json.dumps(r["shape"], sort_keys=True)), []).append(r)
+    merged = []
+    for rs in groups.values():
+        ok = [r for r in rs if "error" not in r]
+        if not ok:
+            merged.append(rs[0])
+            continue
+        m = dict(ok[0])
+        for key, val in ok[0].items():
+            if key != "rep" and isinstance(val, float):
+                vals = sorted(r[key] for r in ok if r.get(key) is not None)
+                m[key] = vals[len(vals) // 2] if vals else None
+        merged.append(m)
+    return merged
+
+
 def _summary(path, graph_tokens=(64,)):
-    rows = [json.loads(line) for line in open(path)]
+    rows = _medians([json.loads(line) for line in open(path)])
     lines = []
     for name in dict.fromkeys(r["variant"] for r in rows):
         rs = [r for r in rows if r["variant"] == name and "error" not in r]
@@ -177,9 +233,14 @@ def _summary(path, graph_tokens=(64,)):
         line = f"{name}: default {d}; best bw {best['shape']} {best['fraction_of_copy']:.2f} ({best[g0]:.2f} us)"
         for gt in graph_tokens:
             key = f"graph_us_{gt}"
-            fast = min(rs, key=lambda r: r[key])
-            dg = f", default {default[key]:.2f} us" if default else ""
-            line += (f"; best graph{gt} {fast['shape']} {fast[key]:.2f} us"
+
+            def rel(r, key=key, gt=gt):  # replay time over the copy's, timed right after it
+                c = r.get(f"copy_graph_us_{gt}")
+                return r[key] / c if c else r[key]
+
+            fast = min(rs, key=rel)
+            dg = f", default {default[key]:.2f} us = {rel(default):.2f} x copy" if default else ""
+            line += (f"; best graph{gt} {fast['shape']} {fast[key]:.2f} us = {rel(fast):.2f} x copy"
                      f" ({fast['fraction_of_copy']:.2f}{dg})")
         lines.append(line)
     return "\n".join(lines)
@@ -192,6 +253,8 @@ def main(argv=None):
     p.add_argument("--graph-tokens", type=int, nargs="+", default=[64],
                    help="decode sizes timed under CUDA-graph replay (default 64)")
     p.add_argument("--jobs", type=int, default=8, help="compile workers (phase 1)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="timing passes over all shapes (the summary takes medians)")
     p.add_argument("--only", nargs="+", help="variants whose name contains one of these")
     p.add_argument("--worker", type=int, nargs=2, metavar=("K", "N"), help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -213,7 +276,7 @@ def main(argv=None):
     print(f"compiled {len(jobs)} shapes in {time.time() - t0:.0f} s", flush=True)
     path = os.path.join(a.out, "sweep.jsonl")
     with open(path, "w") as out:
-        _time(jobs, a.tokens, a.graph_tokens, device, out)
+        _time(jobs, a.tokens, a.graph_tokens, device, out, a.repeat)
     text = _summary(path, a.graph_tokens)
     open(os.path.join(a.out, "sweep.txt"), "w").write(text + "\n")
     print(text)
