@@ -13,6 +13,7 @@
 #     sanitize  compute-sanitizer memcheck and racecheck over the conformance and fuzz inputs
 #   STEP_LIMIT  seconds per step before it is stopped (default 540)
 #   GPU_PYTEST_K / FUZZ_K / SANITIZE_K  narrow the tests / fuzz / sanitizer runs (pytest -k)
+#   MEMCHECK_FILES / RACECHECK_FILES    the test files each sanitizer runs
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -74,7 +75,7 @@ for step in $STEPS; do
       # Triton's and CuTe's kernels only (the C++ CPU backend and the reference run on the host)
       # (memcheck: conformance + fuzz inputs; racecheck, much slower: conformance inputs)
       for tool in memcheck racecheck; do
-        files="tests/test_conformance.py tests/test_fuzz.py"
+        files=${MEMCHECK_FILES:-tests/test_conformance.py tests/test_fuzz.py}
         [[ $tool == racecheck ]] && files=${RACECHECK_FILES:-tests/test_conformance.py}
         timeout "$LIMIT" compute-sanitizer --tool $tool --print-limit 50 --error-exitcode 99 \
           $PY -m pytest -q -p no:cacheprovider $files \
