@@ -80,8 +80,8 @@ MEASURED = {
     "fused_inv_rope_fp8_quant": {"BLOCK_T": 2, "BLOCK_H": 8, "num_warps": 4},
     # decode sizes: programs of one quant chunk (BLOCK_D 128), so only the chunk with the
     # RoPE dims waits for position -> cos/sin (session-7 sweep, five passes, 16 heads:
-    # 1.12-1.17 us at 1 token with 1 x 4 heads, 1.78-1.80 us at 64 with 4 x 4; whole rows
-    # of 4 x 1 took 1.56-1.63 / 1.97)
+    # 1.12-1.33 us, median 1.17, at 1 token with 1 x 4 heads; 1.78-1.88 at 64 with 4 x 4;
+    # whole rows of 4 x 1 took 1.56-1.63 / 1.97-1.98)
     "fused_inv_rope_fp8_quant:tiny": {"BLOCK_T": 1, "BLOCK_H": 4, "num_warps": 4, "BLOCK_D": 128},
     "fused_inv_rope_fp8_quant:decode": {"BLOCK_T": 4, "BLOCK_H": 4, "num_warps": 4, "BLOCK_D": 128},
     # one warp per row: its reductions stay in warp shuffles (second H200 sweep: 0.77 of

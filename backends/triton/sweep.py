@@ -61,9 +61,9 @@ SPACES = {
     # CR 2 at prefill sizes runs one program per two tokens (BLOCK_T 1); the decode shape
     # takes BLOCK_T from the grid
     "fused_save_compress_norm [CR2]": (("cache", "norm2:None"), _grid(bt=(1, 2, 4), nw=(1, 2, 4, 8))),
-    # CR 2 pair programs (one warp) under a register cap: 70 registers hold an SM to 28
-    # resident warps, 64 lets the 32-block limit bind (Nsight Compute, session 7)
-    "fused_save_compress_norm [CR2] maxnreg": (("flag", "norm2_maxnreg"), [{"value": 64}, {"value": 56}],
+    # CR 2 pair programs (one warp) under a register cap: the compiler's 70 registers hold an
+    # SM to 28 resident warps, 64 (the default since session 7) lets the 32-block limit bind
+    "fused_save_compress_norm [CR2] maxnreg": (("flag", "norm2_maxnreg"), [{"value": None}, {"value": 56}],
                                                "fused_save_compress_norm [CR2]"),
     "fused_indexer_q_rope_quant [FP8]": (("rope", "fused_indexer_q_rope_quant"),
                                          _grid(BLOCK_T=(1, 2, 4), BLOCK_H=(16, 32, 64), num_warps=(4, 8))),
