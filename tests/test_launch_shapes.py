@@ -27,6 +27,22 @@ SHAPE_CASES = [c for c in CASES if c.op in SHAPED_OPS]
 TRITON_IMPLS = [i for i in implementations() if getattr(i.backend, "triton_source", False) and i.device is not None]
 
 
+def _run_and_compare(impl, case, args, want, label=""):
+    """Run ``impl``'s kernel on a copy of ``args`` and assert every output it writes has the
+    reference's bytes (``want``)."""
+    got = _on(impl.device, clone_args(args))
+    impl.kernel(case.op)(*got)
+    if impl.device != "cpu":
+        getattr(torch, impl.device).synchronize()
+    for i in case.writes:
+        if want[i] is None:
+            continue
+        w, g = written_bytes(want[i]), written_bytes(got[i])
+        assert w.numel() == g.numel() and torch.equal(w, g), \
+            f"{label}arg {i}: {int((w != g).sum())} bytes differ"
+
+
+
 @pytest.mark.parametrize("case", SHAPE_CASES, ids=[c.id for c in SHAPE_CASES])
 @pytest.mark.parametrize("impl", TRITON_IMPLS or [None], ids=[i.name for i in TRITON_IMPLS] or ["none"])
 def test_large_launch_shapes(case, impl, monkeypatch):
@@ -39,15 +55,7 @@ def test_large_launch_shapes(case, impl, monkeypatch):
     args = case.build("cpu")
     want = clone_args(args)
     ReferenceBackend().load(case.op)(*want)
-    got = _on(impl.device, clone_args(args))
-    impl.kernel(case.op)(*got)
-    if impl.device != "cpu":
-        getattr(torch, impl.device).synchronize()
-    for i in case.writes:
-        if want[i] is None:
-            continue
-        w, g = written_bytes(want[i]), written_bytes(got[i])
-        assert w.numel() == g.numel() and torch.equal(w, g), f"arg {i}: {int((w != g).sum())} bytes differ"
+    _run_and_compare(impl, case, args, want)
 
 
 RQI_288 = [c for c in CASES if c.op == "rope_quant_insert" and c.id.split("[")[-1].startswith("288")]
@@ -79,14 +87,7 @@ def test_rope_288_every_swept_shape(impl, case, shape, monkeypatch):
     args = case.build("cpu")
     want = clone_args(args)
     ReferenceBackend().load(case.op)(*want)
-    got = _on(impl.device, clone_args(args))
-    impl.kernel(case.op)(*got)
-    torch.cuda.synchronize()
-    for i in case.writes:
-        if want[i] is None:
-            continue
-        w, g = written_bytes(want[i]), written_bytes(got[i])
-        assert w.numel() == g.numel() and torch.equal(w, g), f"arg {i}: {int((w != g).sum())} bytes differ"
+    _run_and_compare(impl, case, args, want)
 
 
 def test_pdl_only_on_cuda_and_switchable(monkeypatch):
@@ -177,16 +178,7 @@ def test_inv_rope_split_rows(impl, case, monkeypatch):
     shapes += [rope_kernels.MEASURED["fused_inv_rope_fp8_quant:" + k] for k in ("tiny", "decode")]
     for shape in shapes:
         monkeypatch.setitem(rope_kernels.TUNE, "fused_inv_rope_fp8_quant", shape)
-        got = _on(impl.device, clone_args(args))
-        impl.kernel(case.op)(*got)
-        if impl.device != "cpu":
-            getattr(torch, impl.device).synchronize()
-        for i in case.writes:
-            if want[i] is None:
-                continue
-            w, g = written_bytes(want[i]), written_bytes(got[i])
-            assert w.numel() == g.numel() and torch.equal(w, g), \
-                f"{shape} arg {i}: {int((w != g).sum())} bytes differ"
+        _run_and_compare(impl, case, args, want, f"{shape} ")
 
 
 def test_measured_shape_tiers():

@@ -75,6 +75,11 @@ def test_registry_shape():
     for s in aot.AOT_SPECS:
         assert set(s.targets) <= set(aot.TARGETS), s.name
         assert set(s.signature) == set(s.kernel.arg_names), s.name
+        # every constexpr has a value (a defaulted one its kernel's default), so no build
+        # takes a path the launches never take (ASTSource builds a missing one as None)
+        assert aot.constexpr_params(s.kernel) <= set(s.constexprs), s.name
+    rope288 = next(s for s in aot.AOT_SPECS if s.name.startswith("cache_kernels._rope_quant_insert_kernel[288,native,sm90"))
+    assert rope288.constexprs["ROPE_WORDS"] is True and rope288.constexprs["PTX"] is True
 
 
 @pytest.mark.skipif(_interpreted(), reason="compiled kernels only (run without TRITON_INTERPRET)")

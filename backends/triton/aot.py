@@ -78,6 +78,15 @@ def register(spec: AotSpec) -> None:
         return
     if any(s.name == spec.name for s in AOT_SPECS):
         return
+    # a constexpr the spec leaves out takes the kernel's default, as in a launch that leaves
+    # it out (ASTSource itself would build it as None)
+    import inspect
+
+    names = constexpr_params(kernel)
+    defaults = {n: p.default for n, p in inspect.signature(kernel.fn).parameters.items()
+                if n in names and n not in spec.constexprs and p.default is not inspect.Parameter.empty}
+    if defaults:
+        spec = dataclasses.replace(spec, constexprs={**defaults, **spec.constexprs})
     AOT_SPECS.append(spec)
 
 

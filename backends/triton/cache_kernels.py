@@ -1625,7 +1625,7 @@ def _register_aot() -> None:
                 add(_rope_quant_insert_kernel, f"{name},{flav},{t}", types, dict(
                     block_size=AOT_BLOCK_SIZE, CR=1, MODE=mode, SANITIZE=sanitize, WORDS=True, ALIGN=4, SOFT=soft, PTX=not soft, EXACT_LOG2=True,
                     PDL=t == "sm100",  # the decode launch's PDL prologue, built for sm100
-                    BLOCK_T=_shape("rope", var)[0]), (t,), _shape("rope", var)[1], ("lat_ptr", "lat_s0", "cs_ptr", "cs_s0", "cache_ptr", "page_stride",
+                    ROPE_WORDS=bool(CONFIG["rope288_words"]), BLOCK_T=_shape("rope", var)[0]), (t,), _shape("rope", var)[1], ("lat_ptr", "lat_s0", "cs_ptr", "cs_s0", "cache_ptr", "page_stride",
                                                  "row_stride"))
 
     idx_t = {"k_ptr": "*bf16", "k_s0": "i32", "pos_ptr": "*i64", "cs_ptr": "*fp32",
