@@ -481,7 +481,7 @@ def _all_cases() -> list[Case]:
     A(Case("fused_inv_rope_fp8_quant", "qgs32", _inv_rope(qgs=32), (11, 12)))
     A(Case("fused_inv_rope_fp8_quant", "permuted", _inv_rope(qgs=32, tma=True, permuted=True), (11, 12)))
     A(Case("fused_inv_rope_fp8_quant", "t8-no-pad", _inv_rope(t=8), (11, 12)))
-    # one token (batch-1 decode: the launchers' ":one" shape tier), scales padded to 4 rows
+    # one token (batch-1 decode), scales padded to 4 rows
     A(Case("fused_inv_rope_fp8_quant", "t1-decode", _inv_rope(tma=True, t=1, seed=12), (11, 12)))
     A(Case("fused_q_kv_rmsnorm_quant", "t5", _qkv_norm(5), (5, 6, 7)))
     A(Case("fused_q_kv_rmsnorm_quant", "t130-two-tiles", _qkv_norm(130, qs=1024, ks=448), (5, 6, 7)))

@@ -25,6 +25,12 @@ STEPS=${STEPS:-"tests check bench sanitize"}
 LIMIT=${STEP_LIMIT:-540}
 export DSV41_CACHE_DIR=${DSV41_CACHE_DIR:-/tmp/dsv41-cache}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/dsv41-triton-cache}
+# CuTe DSL asks the driver for the GPU's arch unless told; under compute-sanitizer that probe's
+# cuGetProcAddress call fails (handled by CuTe, reported by the sanitizer as an API error), so
+# name the arch of GPU 0 (e.g. sm_90a) unless the caller did.
+if [[ -z ${CUTE_DSL_ARCH:-} ]] && cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader -i 0 2>/dev/null); then
+  export CUTE_DSL_ARCH="sm_${cap//./}a"
+fi
 if [[ -f .device/vllm-sm90.tar.xz ]]; then export DSV41_VECTORS=$PWD/.device/vllm-sm90.tar.xz; fi
 if ! python -m pip install -q --no-deps --no-build-isolation . > "$OUT/install.txt" 2>&1; then
   # no usable setuptools there: lay the package out as an install would

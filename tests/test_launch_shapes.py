@@ -175,24 +175,20 @@ def test_inv_rope_split_rows(impl, case, monkeypatch):
     shapes = [s for s in _inv_rope_split_shapes() if s["num_warps"] == 1 and s["BLOCK_T"] == s["BLOCK_H"] < 4]
     assert len(shapes) == 4
     # and the decode shapes in force (the conformance cases have at most 8 tokens)
-    shapes += [rope_kernels.MEASURED["fused_inv_rope_fp8_quant:" + k] for k in ("one", "tiny", "decode")]
+    shapes += [rope_kernels.MEASURED["fused_inv_rope_fp8_quant:" + k] for k in ("tiny", "decode")]
     for shape in shapes:
         monkeypatch.setitem(rope_kernels.TUNE, "fused_inv_rope_fp8_quant", shape)
         _run_and_compare(impl, case, args, want, f"{shape} ")
 
 
 def test_measured_shape_tiers():
-    """``launch.measured``: ":one" for one token, ":tiny" up to TINY_T tokens, ":decode" up to
-    DECODE_T, the plain key beyond (and for None), each falling back to the next broader
-    entry."""
-    tiers = {"op": "big", "op:decode": "decode", "op:tiny": "tiny", "op:one": "one"}
+    """``launch.measured``: ":tiny" up to TINY_T tokens, ":decode" up to DECODE_T, the plain
+    key beyond (and for None), each falling back to the next broader entry."""
+    tiers = {"op": "big", "op:decode": "decode", "op:tiny": "tiny"}
     T, D = launch.TINY_T, launch.DECODE_T
-    assert [launch.measured(tiers, "op", n) for n in (1, 2, T, T + 1, D, D + 1, None)] == \
-        ["one", "tiny", "tiny", "decode", "decode", "big", "big"]
-    no_one = {"op": "big", "op:decode": "decode", "op:tiny": "tiny"}
-    assert [launch.measured(no_one, "op", n) for n in (1, T, T + 1)] == ["tiny", "tiny", "decode"]
+    assert [launch.measured(tiers, "op", n) for n in (1, T, T + 1, D, D + 1, None)] == \
+        ["tiny", "tiny", "decode", "decode", "big", "big"]
     no_tiny = {"op": "big", "op:decode": "decode"}
     assert [launch.measured(no_tiny, "op", n) for n in (1, D, D + 1)] == ["decode", "decode", "big"]
     assert launch.measured({"op:tiny": "tiny"}, "op", T + 1) is None
-    assert launch.measured({"op:one": "one"}, "op", 2) is None
     assert launch.measured({}, "op", 1) is None

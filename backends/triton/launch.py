@@ -15,25 +15,20 @@ import triton.language as tl
 # for latency (CUDA-graph replay at 64 tokens); larger ones those measured for bandwidth.
 DECODE_T = 64
 # A table may give launches of at most this many tokens a shape of their own (":tiny"; the
-# best shape at 1-8 tokens can be a poor one at 64), and one-token launches (":one"; batch 1
-# decode, where the best shape differs again from the one at 8).
+# best shape at 1-8 tokens can be a poor one at 64).
 TINY_T = 8
-# (most tokens, key suffix), narrowest first: ``measured`` takes the first present entry
-# whose bound the launch is within.
-TIERS = ((1, ":one"), (TINY_T, ":tiny"), (DECODE_T, ":decode"))
 
 
 def measured(table: dict, key: str, tokens: int | None):
-    """The narrowest tier entry of ``table`` for a launch of ``tokens`` tokens --
-    ``key + ":one"`` (1 token), ``":tiny"`` (<= TINY_T), ``":decode"`` (<= DECODE_T) -- that
-    is present, else ``table[key]`` (also for ``tokens`` None), else None (the launcher's own
-    heuristics)."""
-    if tokens is not None:
-        for most, suffix in TIERS:
-            if tokens <= most:
-                hit = table.get(key + suffix)
-                if hit is not None:
-                    return hit
+    """``table[key + ":tiny"]`` for a launch of at most TINY_T tokens if present, else
+    ``table[key + ":decode"]`` for a decode-sized launch if present, else ``table[key]``,
+    else None (the launcher's own heuristics)."""
+    if tokens is not None and tokens <= DECODE_T:
+        hit = table.get(key + ":tiny") if tokens <= TINY_T else None
+        if hit is None:
+            hit = table.get(key + ":decode")
+        if hit is not None:
+            return hit
     return table.get(key)
 
 

@@ -74,18 +74,17 @@ TUNE: dict = {}
 # Measured launch shapes at V4.1 production sizes (H200 sweep of 2026-12-02, python -m
 # dsv41.backends.triton.sweep): "<op>" for launches of more than launch.DECODE_T tokens (best
 # fraction of copy at 65536), "<op>:decode" for the others (best CUDA-graph replay at 64),
-# "<op>:tiny" / "<op>:one" where launches of at most launch.TINY_T tokens / of one token have
-# their own (launch.TIERS).
+# "<op>:tiny" where launches of at most launch.TINY_T tokens have their own.
 # TUNE overrides them; ops / sizes without an entry use the heuristics of their launcher.
 MEASURED = {
     "fused_inv_rope_fp8_quant": {"BLOCK_T": 2, "BLOCK_H": 8, "num_warps": 4},
     # decode sizes: programs of one quant chunk (BLOCK_D 128), so only the chunk with the
-    # RoPE dims waits for position -> cos/sin (session-7 sweep, five passes, 16 heads:
-    # 1.12-1.33 us, median 1.17, at 1 token with 1 x 4 heads; 1.31-1.33 at 8 tokens with
-    # 1 x 1 head and 2 warps, where 1 x 4 took 1.31-1.54; 1.78-1.88 at 64 with 4 x 4;
-    # whole rows of 4 x 1 took 1.56-1.63 / 1.57-1.66 / 1.97-1.98)
-    "fused_inv_rope_fp8_quant:one": {"BLOCK_T": 1, "BLOCK_H": 4, "num_warps": 4, "BLOCK_D": 128},
-    "fused_inv_rope_fp8_quant:tiny": {"BLOCK_T": 1, "BLOCK_H": 1, "num_warps": 2, "BLOCK_D": 128},
+    # RoPE dims waits for position -> cos/sin.  <= 8 tokens: 1 token x 1 head x 128 dims, one
+    # warp (its quant-group max stays in warp shuffles; session-8 sweep, five passes, 16
+    # heads: 1.19 / 1.20 / 1.22 / 1.27 us at 1 / 2 / 4 / 8 tokens, against 1.31 / 1.21 /
+    # 1.19 / 1.39 for session 7's 1 x 4 heads x 4 warps and 1.43-1.51 with 2 warps);
+    # 9-64 tokens 4 x 4 x 128 (session 7: 1.78-1.88 at 64; whole rows of 4 x 1 1.97-1.98)
+    "fused_inv_rope_fp8_quant:tiny": {"BLOCK_T": 1, "BLOCK_H": 1, "num_warps": 1, "BLOCK_D": 128},
     "fused_inv_rope_fp8_quant:decode": {"BLOCK_T": 4, "BLOCK_H": 4, "num_warps": 4, "BLOCK_D": 128},
     # one warp per row: its reductions stay in warp shuffles (second H200 sweep: 0.77 of
     # copy at 65536 rows, 0.54 with the former 2 rows x 2 warps)

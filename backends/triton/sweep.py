@@ -86,12 +86,19 @@ SPACES = {
             (1, 4, 2, 128), (2, 4, 4, 128), (4, 2, 4, 128), (4, 4, 4, 128), (4, 1, 4, 128),
             (4, 1, 4, 256), (2, 2, 4, 256), (4, 4, 4, 256), (4, 1, 4, 512))],
         "fused_inv_rope_fp8_quant"),
-    # the :one / :tiny tiers (session 8): the best 1-token and 8-token shapes of the
+    # decode shapes for <= 8 tokens (session 8): the best 1-token and 8-token shapes of the
     # shortlist and their neighbours, timed at 1, 2, 4, 8 tokens with --repeat
     "fused_inv_rope_fp8_quant [tiers]": (
         ("rope", "fused_inv_rope_fp8_quant"),
         [dict(BLOCK_T=bt, BLOCK_H=bh, num_warps=nw, BLOCK_D=128) for bt, bh, nw in (
             (1, 4, 4), (1, 1, 2), (1, 2, 2), (1, 1, 1), (2, 1, 2), (1, 2, 4), (4, 4, 4))],
+        "fused_inv_rope_fp8_quant"),
+    # second pass (session 8): one warp per program (the first pass's best at 1-8 tokens)
+    # and its neighbours, against the 1-token shape of the first pass
+    "fused_inv_rope_fp8_quant [one warp]": (
+        ("rope", "fused_inv_rope_fp8_quant"),
+        [dict(BLOCK_T=bt, BLOCK_H=bh, num_warps=nw, BLOCK_D=128) for bt, bh, nw in (
+            (1, 1, 1), (1, 4, 4), (1, 2, 1), (2, 1, 1), (1, 4, 1), (2, 2, 1))],
         "fused_inv_rope_fp8_quant"),
     "fused_q_kv_rmsnorm_quant": (("rope", "fused_q_kv_rmsnorm_quant"),
                                  _grid(BLOCK_T=(1, 2, 4, 8), num_warps=(1, 2, 4, 8))),
