@@ -80,9 +80,9 @@ MEASURED = {
     "fused_inv_rope_fp8_quant": {"BLOCK_T": 2, "BLOCK_H": 8, "num_warps": 4},
     # decode sizes: programs of one quant chunk (BLOCK_D 128), so only the chunk with the
     # RoPE dims waits for position -> cos/sin.  <= 8 tokens: 1 token x 1 head x 128 dims, one
-    # warp (its quant-group max stays in warp shuffles; session-8 sweep, five passes, 16
-    # heads: 1.19 / 1.20 / 1.22 / 1.27 us at 1 / 2 / 4 / 8 tokens, against 1.31 / 1.21 /
-    # 1.19 / 1.39 for session 7's 1 x 4 heads x 4 warps and 1.43-1.51 with 2 warps);
+    # warp (it holds a whole quant group: no cross-warp step for its max; session-8 sweep,
+    # five passes, 16 heads: 1.19 / 1.20 / 1.22 / 1.27 us at 1 / 2 / 4 / 8 tokens, against
+    # 1.31 / 1.21 / 1.19 / 1.39 for session 7's 1 x 4 heads x 4 warps, 1.43-1.51 with 2 warps);
     # 9-64 tokens 4 x 4 x 128 (session 7: 1.78-1.88 at 64; whole rows of 4 x 1 1.97-1.98)
     "fused_inv_rope_fp8_quant:tiny": {"BLOCK_T": 1, "BLOCK_H": 1, "num_warps": 1, "BLOCK_D": 128},
     "fused_inv_rope_fp8_quant:decode": {"BLOCK_T": 4, "BLOCK_H": 4, "num_warps": 4, "BLOCK_D": 128},
