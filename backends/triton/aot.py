@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import pkgutil
 import traceback
 
@@ -80,8 +81,6 @@ def register(spec: AotSpec) -> None:
         return
     # a constexpr the spec leaves out takes the kernel's default, as in a launch that leaves
     # it out (ASTSource itself would build it as None)
-    import inspect
-
     names = constexpr_params(kernel)
     defaults = {n: p.default for n, p in inspect.signature(kernel.fn).parameters.items()
                 if n in names and n not in spec.constexprs and p.default is not inspect.Parameter.empty}
