@@ -55,7 +55,11 @@ BLOCK = 64  # cache block size (tokens per page)
 REFERENCE_LIMIT_S = 20.0  # skip the reference where one call would take longer ...
 CPU_REFERENCE_ALWAYS = 16384  # ... except on CPU at or below this many tokens
 GRAPH_CALLS = 16  # kernel calls captured per CUDA graph
-FLUSH_SLEEP_CYCLES = 100_000  # device sleep queued before each timed GPU call (~50 us)
+# Device sleep queued before each timed GPU call (~200 us at the H200's 1.98 GHz).  It must
+# outlast the host's enqueueing of the whole call, or the events time the host's launch gaps:
+# at 50 us, CR 2's two launches (60-80 us of host time) read 30 us at 4096 and 16384 tokens
+# (device time ~13 us; session 9) and rope 528 up to 20 us at 4096 (session 8).
+FLUSH_SLEEP_CYCLES = 400_000
 WARMUP_CALLS, WARMUP_S = 3, 0.1  # warm-up: at least this many calls and this long
 SPIN_UP_S, SPIN_S = 3.0, 0.2  # accelerator load before the run / before each size (_Timer.spin)
 MAX_POS = 65536  # rows of the cos/sin caches (positions wrap below it)
@@ -557,7 +561,7 @@ class _Timer:
         kernels are short, so the host never waits for the device here."""
         self.sync()
         if self.device.type == "cuda":
-            torch.cuda._sleep(FLUSH_SLEEP_CYCLES * 20)
+            torch.cuda._sleep(FLUSH_SLEEP_CYCLES * 5)
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()

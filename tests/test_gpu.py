@@ -97,3 +97,50 @@ def test_torch_compile_fullgraph_on_cuda():
     want = pipeline(*a)
     got = torch.compile(pipeline, fullgraph=True)(*b)
     assert torch.equal(want, got) and torch.equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("impl", CUDA_IMPLS or [None], ids=[i.name for i in CUDA_IMPLS] or ["none"])
+def test_cr2_prefill_ring_read_before_save(impl):
+    """CR 2 at prefill size, two calls back to back: every chunk starts at an odd position,
+    so its first token pools with the ring row that the same chunk's save then overwrites
+    (chunks longer than the ring).  On SM90+ the ring save loads its rows while the pooling
+    kernel runs and waits for it only before storing; the bytes must be the reference's."""
+    if impl is None:
+        pytest.skip("no CUDA implementation can run here")
+    op = "fused_save_compress_norm"
+    if impl.skip_reason(op):
+        pytest.skip(impl.skip_reason(op))
+    g = torch.Generator().manual_seed(9)
+    cap, lens = 4, [1, 5, 4093, 2, 9000, 3, 7000]
+    T = sum(lens)
+    qsl = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+    t2r = torch.repeat_interleave(torch.arange(len(lens), dtype=torch.int32), torch.tensor(lens))
+    block = torch.randperm(len(lens), generator=g)
+    w = (torch.rand(512, generator=g) + 0.5).to(torch.bfloat16)
+
+    def call_args(start):
+        pos = torch.cat([torch.arange(start + 2 * r + 1, start + 2 * r + 1 + n) for r, n in enumerate(lens)])
+        slots = block[t2r.long()] * cap + pos % cap
+        kv = torch.randn(T, 1024, generator=g)
+        latent = torch.full((T, 512), float("nan"), dtype=torch.bfloat16)
+        return [kv, pos, None, slots, qsl, t2r, w, 1e-6, 2, latent]
+
+    state = torch.randn(len(lens), cap, 1024, generator=g)
+    calls = [call_args(100), call_args(20001)]
+    want_state = state.clone()
+    want = []
+    for a in calls:
+        a = clone_args(a)
+        a[2] = want_state
+        ReferenceBackend().load(op)(*a)
+        want.append(a[9])
+    dev_state = state.cuda()
+    dev = [_on("cuda", clone_args(a)) for a in calls]
+    kern = impl.kernel(op)
+    for a in dev:
+        a[2] = dev_state
+        kern(*a)
+    torch.cuda.synchronize()
+    for i, (a, w_out) in enumerate(zip(dev, want)):
+        assert torch.equal(written_bytes(a[9]).cpu(), written_bytes(w_out)), f"call {i}: latent_out differs"
+    assert torch.equal(dev_state.cpu(), want_state), "state cache differs"

@@ -101,6 +101,13 @@ CONFIG = {
     # 40 % occupancy, DRAM 80 %); at 64 the 32-block limit binds (session-7 sweep, three
     # passes at 65536 tokens: 0.90-0.93 of copy against 0.87-0.91; 56: 0.88-0.89)
     "norm2_maxnreg": 64,
+    # CR 2 on SM90+: the ring save (second launch) is a PDL launch at every size and loads
+    # its rows while the pooling kernel runs, waiting for it only before its stores; False:
+    # PDL at decode sizes only and the wait before any load (until session 8).  Session-9
+    # sweep (five interleaved passes at 65536 tokens, h200-sweep-9-call1.jsonl): 0.936-0.960
+    # of copy (median 0.942, ten passes) against 0.902-0.919; CUDA-graph replay at 1 / 8 /
+    # 64 tokens 2.37 / 2.44 / 2.55 us against 2.56 / 2.72 / 2.85
+    "ring_pdl": True,
     # upper bound on gather programs (grid = requests x workers)
     "gather_programs": 2048,
     # per-variant shapes (BLOCK_T, num_warps), key "<kernel>:<variant>" (e.g. "rope:288"),
@@ -1493,14 +1500,16 @@ def _rcp_approx(x):
 
 @triton.jit
 def _ring_save_kernel(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, slot_ptr, qsl_ptr, T,
-                      PDL: tl.constexpr = False):
+                      PDL: tl.constexpr = False, EARLY: tl.constexpr = True):
     """Program (r, k): row u = e - 1 - k of request chunk [s, e) goes to the ring when it is
     one of the chunk's last min(e - s, cap) rows, inside the batch (u < T), its slot is >= 0
     and the chunk's first slot is >= 0.  No loop: the slots and the row load together once
-    s and e are known (two dependent round trips for a decode-sized save).  With PDL it
-    waits for the pooling kernel (every ring read) before any memory access, and lets the
-    next PDL kernel launch."""
-    launch.pdl_prologue(PDL)
+    s and e are known (two dependent round trips).  With PDL those loads run while the
+    pooling kernel still runs (it writes none of them: only latent_out), and the program
+    waits for it (every ring read) only before its store (``EARLY``; else before any
+    memory access, as until session 8)."""
+    if not EARLY:
+        launch.pdl_prologue(PDL)
     r = tl.program_id(0)
     k = tl.program_id(1)
     s = tl.load(qsl_ptr + r)
@@ -1513,6 +1522,8 @@ def _ring_save_kernel(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, slot_ptr, qsl_pt
     sl = tl.load(slot_ptr + uc).to(tl.int64)
     row = tl.load(kv_ptr + uc.to(tl.int64) * kv_s0 + c, mask=take)
     ok = take & (first >= 0) & (sl >= 0)
+    if EARLY:
+        launch.pdl_prologue(PDL)
     tl.store(st_ptr + (sl // cap) * st_s0 + (sl % cap) * st_s1 + c, row, mask=ok)
 
 
@@ -1536,6 +1547,10 @@ def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, que
     cap = state_cache.shape[1]
     BT, NW = _shape("norm2", None, T)
     spec = T <= launch.DECODE_T
+    # the ring save: a PDL launch at every size (its loads overlap the pooling kernel, whose
+    # programs then must trigger it: PDL on in the kernel even where its own launch is plain)
+    early = bool(CONFIG["ring_pdl"])
+    ring_pdl = launch.pdl(latent_out.device) if early else pdl
     # decode sizes: BLOCK_T tokens per program; larger launches: two tokens per program
     # (the kernel's pair programs, BLOCK_T = 1)
     BT = BT if spec else 1
@@ -1544,7 +1559,7 @@ def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, que
         kv_score, kv_score.stride(0), positions, state_cache, state_cache.stride(0),
         state_cache.stride(1), cap, slot_mapping, query_start_loc, token_to_req_indices,
         rms_norm_weight, eps, latent_out, latent_out.stride(0), T,
-        CR=2, SOFT=soft, BLOCK_T=BT, SPEC=spec, PTX=_ptx(latent_out), PDL=pdl,
+        CR=2, SOFT=soft, BLOCK_T=BT, SPEC=spec, PTX=_ptx(latent_out), PDL=pdl or ring_pdl,
         num_warps=NW, **launch.pdl_kwargs(pdl), **_maxnreg(latent_out, None if spec else CONFIG["norm2_maxnreg"]),
     )
     R = query_start_loc.numel() - 1
@@ -1553,8 +1568,8 @@ def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, que
         # last rows
         _ring_save_kernel[(R, cap)](
             kv_score, kv_score.stride(0), state_cache, state_cache.stride(0),
-            state_cache.stride(1), cap, slot_mapping, query_start_loc, T, PDL=pdl,
-            num_warps=CONFIG["num_warps"]["ring"], **launch.pdl_kwargs(pdl),
+            state_cache.stride(1), cap, slot_mapping, query_start_loc, T, PDL=ring_pdl,
+            EARLY=early, num_warps=CONFIG["num_warps"]["ring"], **launch.pdl_kwargs(ring_pdl),
         )
 
 
@@ -1660,6 +1675,10 @@ def _register_aot() -> None:
         CR=2, SOFT=False, BLOCK_T=_shape("norm2", None, 1)[0], SPEC=True, PTX=True, PDL=True), _CUDA,
         _shape("norm2", None, 1)[1], ("kv_ptr", "kv_s0", "out_ptr", "out_s0", "st_ptr", "st_s0",
                                       "st_s1"))
+    # the CR-2 pair programs as launched on SM90+ (PDL on: they trigger the ring save)
+    add(_compress_norm_kernel, "cr2,native,pairs,pdl", norm_t, dict(
+        CR=2, SOFT=False, BLOCK_T=1, PTX=True, PDL=True), _CUDA, _shape("norm2", None)[1],
+        ("kv_ptr", "kv_s0", "out_ptr", "out_s0", "st_ptr", "st_s0", "st_s1"))
     add(_ring_save_kernel, "native,pdl", ring_t, {"PDL": True}, _CUDA, nw["ring"],
         ("kv_ptr", "kv_s0", "st_ptr", "st_s0", "st_s1"))
 

@@ -65,6 +65,10 @@ SPACES = {
     # SM to 28 resident warps, 64 (the default since session 7) lets the 32-block limit bind
     "fused_save_compress_norm [CR2] maxnreg": (("flag", "norm2_maxnreg"), [{"value": None}, {"value": 56}],
                                                "fused_save_compress_norm [CR2]"),
+    # CR 2 ring save (session 9): PDL at every size with its loads before the wait (default)
+    # against the session-8 order (PDL at decode sizes, the wait before every load)
+    "fused_save_compress_norm [CR2] ring": (("flag", "ring_pdl"), [{"value": False}],
+                                            "fused_save_compress_norm [CR2]"),
     "fused_indexer_q_rope_quant [FP8]": (("rope", "fused_indexer_q_rope_quant"),
                                          _grid(BLOCK_T=(1, 2, 4), BLOCK_H=(16, 32, 64), num_warps=(4, 8))),
     "fused_indexer_q_rope_quant [MXFP4]": (("rope", "fused_indexer_q_rope_quant"),
