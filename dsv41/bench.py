@@ -57,7 +57,7 @@ CPU_REFERENCE_ALWAYS = 16384  # ... except on CPU at or below this many tokens
 GRAPH_CALLS = 16  # kernel calls captured per CUDA graph
 # Device sleep queued before each timed GPU call (~200 us at the H200's 1.98 GHz).  It must
 # outlast the host's enqueueing of the whole call, or the events time the host's launch gaps:
-# at 50 us, CR 2's two launches (60-80 us of host time) read 30 us at 4096 and 16384 tokens
+# at 50 us, CR 2's two launches (60-95 us of host time) read 30 us at 4096 and 16384 tokens
 # (device time ~13 us; session 9) and rope 528 up to 20 us at 4096 (session 8).
 FLUSH_SLEEP_CYCLES = 400_000
 WARMUP_CALLS, WARMUP_S = 3, 0.1  # warm-up: at least this many calls and this long

@@ -103,7 +103,8 @@ def test_torch_compile_fullgraph_on_cuda():
 def test_cr2_prefill_ring_read_before_save(impl):
     """CR 2 at prefill size, two calls back to back: every chunk starts at an odd position,
     so its first token pools with the ring row that the same chunk's save then overwrites
-    (chunks longer than the ring).  On SM90+ the ring save loads its rows while the pooling
+    where the chunk is longer than the ring (most are; chunks of 1-3 rows too), and the
+    second call reads the rows the first saved.  On SM90+ the ring save loads its rows while the pooling
     kernel runs and waits for it only before storing; the bytes must be the reference's."""
     if impl is None:
         pytest.skip("no CUDA implementation can run here")

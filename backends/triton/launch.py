@@ -75,7 +75,9 @@ def pdl_prologue(PDL: tl.constexpr):
     for the kernels before it in the stream (their writes are then visible), then let the
     next PDL kernel be scheduled at once -- it waits for this one in turn, so only launch
     latencies overlap.  Nothing with PDL off (the interpreter and other vendors never see
-    the grid-dependency ops)."""
+    the grid-dependency ops).  One kernel calls it later: CR 2's ring save, whose loads
+    read only what the pooling kernel launched just before it never writes
+    (cache_kernels._ring_save_kernel)."""
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
