@@ -1550,11 +1550,11 @@ def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, que
     # the ring save: a PDL launch at every size (its loads overlap the pooling kernel, whose
     # programs then must trigger it: PDL on in the kernel even where its own launch is plain)
     early = bool(CONFIG["ring_pdl"])
-    ring_pdl = launch.pdl(latent_out.device) if early else pdl
+    ring_pdl = (pdl or launch.pdl(latent_out.device)) if early else pdl
     # decode sizes: BLOCK_T tokens per program; larger launches: two tokens per program
     # (the kernel's pair programs, BLOCK_T = 1)
     BT = BT if spec else 1
-    # decode sizes: PDL, so the ring save's launch also overlaps the pooling kernel
+    # decode sizes: a PDL launch itself (its launch overlaps the kernel before it)
     _compress_norm_kernel[(launch.cdiv(T, BT if spec else 2),)](
         kv_score, kv_score.stride(0), positions, state_cache, state_cache.stride(0),
         state_cache.stride(1), cap, slot_mapping, query_start_loc, token_to_req_indices,
