@@ -34,11 +34,11 @@ DEFAULT_ORDER = ("cuda:cutedsl", "cuda:triton", "rocm", "xpu", "cpu", "reference
 # differently from DEFAULT_ORDER (docs/performance.md has the numbers).
 MEASURED_ORDER: dict = {
     # H200 (sm_90), `python -m dsv41 bench --device cuda`, cold-L2 timing (docs/performance.md,
-    # docs/measurements/h200-bench-4.json): the Triton indexer-Q kernel beats the CuTe one at
-    # 65536 tokens (FP8 0.97 vs 0.84 of copy, MXFP4 0.77 vs 0.35) and under CUDA-graph replay
-    # at 1-64 tokens; the Triton gather too (65536 rows: 584 0.97 vs 0.75, 528 1.01 vs 0.62,
-    # 288 1.01 for both, a tie; CUDA-graph replay at 1-64 tokens: 584 / 528 1.5-1.7 vs
-    # 1.9-2.6 us, 288 1.5-1.8 for both).
+    # docs/measurements/h200-bench-9.json): the Triton indexer-Q kernel beats the CuTe one at
+    # 65536 tokens (FP8 0.96 vs 0.84 of copy, MXFP4 0.77 vs 0.35) and under CUDA-graph replay
+    # at 1-64 tokens; the Triton gather too (65536 rows: 584 1.01 vs 0.77, 528 1.02 vs 0.60,
+    # 288 1.01 vs 1.02, a tie; CUDA-graph replay at 1-64 tokens: 584 / 528 1.2-1.45 vs
+    # 1.8-2.6 us, 288 1.25-1.37 for both).
     ("fused_indexer_q_rope_quant", "sm_90"): ("cuda:triton", "cuda:cutedsl", "rocm", "xpu", "cpu", "reference"),
     ("dequantize_and_gather_k_cache", "sm_90"): ("cuda:triton", "cuda:cutedsl", "rocm", "xpu", "cpu", "reference"),
 }

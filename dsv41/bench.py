@@ -57,8 +57,9 @@ CPU_REFERENCE_ALWAYS = 16384  # ... except on CPU at or below this many tokens
 GRAPH_CALLS = 16  # kernel calls captured per CUDA graph
 # Device sleep queued before each timed GPU call (~200 us at the H200's 1.98 GHz).  It must
 # outlast the host's enqueueing of the whole call, or the events time the host's launch gaps:
-# at 50 us, CR 2's two launches (60-95 us of host time) read 30 us at 4096 and 16384 tokens
-# (device time ~13 us; session 9) and rope 528 up to 20 us at 4096 (session 8).
+# measured on the H200 with a 50 us sleep, CR 2's two launches (60-95 us of host time) read
+# 30 us at 4096 and 16384 tokens against ~13 us of device time, and rope 528 up to 20 us at
+# 4096 (docs/performance.md).
 FLUSH_SLEEP_CYCLES = 400_000
 WARMUP_CALLS, WARMUP_S = 3, 0.1  # warm-up: at least this many calls and this long
 SPIN_UP_S, SPIN_S = 3.0, 0.2  # accelerator load before the run / before each size (_Timer.spin)
@@ -606,6 +607,17 @@ class Impl:
     fn: Callable
 
 
+def _expand_backend_names(names) -> set:
+    """``--backend`` takes every name ``DSV41_BACKEND`` does: a family ("cuda") means its variants."""
+    valid = registry.backend_names()
+    out = set()
+    for n in names:
+        if n not in valid:
+            raise ValueError(f"--backend {n!r} is not a backend name; valid names: {', '.join(valid)}")
+        out.update(b.name for b in registry._backends() if n in (b.name, b.family))
+    return out
+
+
 def _implementations(op: str, plat, device_type: str) -> tuple[list[Impl], dict]:
     """Backends that can run ``op`` on ``device_type`` here, in registry order; and why the others cannot."""
     impls, why_not = [], {}
@@ -868,7 +880,13 @@ def main(argv: list[str] | None = None) -> int:
     timer = _Timer(device, repeats, args.budget)
     timer.spin(SPIN_UP_S)
     use_graph = dev_type == "cuda" and not args.no_graph
-    wanted = set(args.backend) if args.backend else None
+    wanted = None
+    if args.backend:
+        try:
+            wanted = _expand_backend_names(args.backend)
+        except ValueError as exc:
+            print(f"dsv41 bench: {exc}", file=sys.stderr)
+            return 2
     device_label = _device_label(plat, device)
 
     if args.list:

@@ -21,6 +21,7 @@ import os
 import threading
 from typing import Callable
 
+from . import env as _env
 from . import platform as _platform
 
 __all__ = [
@@ -168,6 +169,7 @@ def _forced_name(op: str) -> str | None:
 def _resolve(op: str) -> Resolution:
     if op not in OPS:
         raise ValueError(f"unknown op {op!r}; ops are {', '.join(OPS)}")
+    _env.check()
     plat = _platform.probe()
     forced = _forced_name(op)
     by_device: dict = {}
@@ -241,3 +243,4 @@ def reset() -> None:
     with _lock:
         _resolved.clear()
     _platform.reset()
+    _env.reset()

@@ -31,7 +31,7 @@ export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/dsv41-triton-cache}
 if [[ -z ${CUTE_DSL_ARCH:-} ]] && cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader -i 0 2>/dev/null); then
   export CUTE_DSL_ARCH="sm_${cap//./}a"
 fi
-if [[ -f .device/vllm-sm90.tar.xz ]]; then export DSV41_VECTORS=$PWD/.device/vllm-sm90.tar.xz; fi
+# The golden vectors ship in tests/vectors (DSV41_VECTORS may point elsewhere).
 if ! python -m pip install -q --no-deps --no-build-isolation . > "$OUT/install.txt" 2>&1; then
   # no usable setuptools there: lay the package out as an install would
   rm -rf /tmp/dsv41-src && mkdir -p /tmp/dsv41-src && cp -r dsv41 /tmp/dsv41-src/ && cp -r backends /tmp/dsv41-src/dsv41/backends

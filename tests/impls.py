@@ -71,7 +71,13 @@ def implementations(include_reference: bool = False) -> list[Impl]:
         if not why and (dev == "cpu" or (dev == "cuda" and torch.cuda.is_available()) or (dev == "xpu" and hasattr(torch, "xpu") and torch.xpu.is_available())):
             out.append(Impl(b.name, b, dev))
         elif getattr(b, "triton_source", False) and interpreter_on() and plat.device_type == "cpu":
-            out.append(Impl(b.name + "@interp", b, "cpu", interpreted=True))
+            from triton_interp import interpreter_unsupported_reason
+
+            unsupported = interpreter_unsupported_reason()
+            if unsupported:
+                out.append(Impl(b.name + "@interp", b, None, unsupported, interpreted=True))
+            else:
+                out.append(Impl(b.name + "@interp", b, "cpu", interpreted=True))
         elif getattr(b, "triton_source", False) and b.family != "cuda" and nvidia_gpu():
             out.append(Impl(b.name + "@cuda", b, "cuda", portable=True))
         else:

@@ -31,6 +31,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import golden  # noqa: E402  (tests/ is on sys.path)
+
 from dsv41 import codecs
 from dsv41.reference import compress as ref_compress
 from dsv41.reference import indexer as ref_indexer
@@ -42,7 +44,7 @@ _err = cache_ops.build_error()
 pytestmark = pytest.mark.skipif(_err is not None, reason=f"CPU kernels unavailable: {_err}")
 
 REPO = Path(__file__).resolve().parents[1]
-VECTORS = Path(os.environ.get("DSV41_VECTORS", REPO.parent / "shared" / "vectors" / "vllm-sm90.tar.xz"))
+VECTORS = golden.ARCHIVE  # tests/vectors (DSV41_VECTORS overrides)
 U8, I32, I64, BF16, F32 = torch.uint8, torch.int32, torch.int64, torch.bfloat16, torch.float32
 NAN, INF = float("nan"), float("inf")
 

@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import golden  # noqa: E402  (tests/ is on sys.path)
+
 from dsv41.reference import compress as ref_compress
 from dsv41.reference import indexer as ref_indexer
 from dsv41.reference import output_quant as ref_oq
@@ -33,7 +35,7 @@ _err = ops.build_error()
 pytestmark = pytest.mark.skipif(_err is not None, reason=f"CPU kernels unavailable: {_err}")
 
 _REPO = Path(__file__).resolve().parents[1]
-VECTORS = Path(os.environ.get("DSV41_VECTORS", _REPO.parent / "shared" / "vectors" / "vllm-sm90.tar.xz"))
+VECTORS = golden.ARCHIVE  # tests/vectors (DSV41_VECTORS overrides)
 I32 = torch.int32
 BF16 = torch.bfloat16
 F32 = torch.float32

@@ -22,7 +22,9 @@ writer never gets two writing tokens with one slot (that is a race).
   opt-in index checks (``dsv41.index_checks``) accept every drawn input.
 
 Profiles (registered here): ``ci`` (default; derandomized, 25 examples per op, no
-deadline) and ``long`` (500 examples, random) selected with ``DSV41_FUZZ_PROFILE=long``.
+deadline), ``fast`` (derandomized, 8 examples; the default of the fast test tier,
+``DSV41_TEST_TIER=fast``) and ``long`` (500 examples, random), selected with
+``DSV41_FUZZ_PROFILE=<name>``.
 """
 
 from __future__ import annotations
@@ -51,9 +53,12 @@ _COMMON = dict(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
     print_blob=True,
 )
+settings.register_profile("fast", max_examples=8, derandomize=True, database=None, **_COMMON)
 settings.register_profile("ci", max_examples=25, derandomize=True, database=None, **_COMMON)
 settings.register_profile("long", max_examples=500, derandomize=False, **_COMMON)
-PROFILE = os.environ.get("DSV41_FUZZ_PROFILE", "ci")
+# The fast test tier (tests/run.sh) draws fewer examples unless a profile is named.
+_DEFAULT_PROFILE = "fast" if os.environ.get("DSV41_TEST_TIER") == "fast" else "ci"
+PROFILE = os.environ.get("DSV41_FUZZ_PROFILE", _DEFAULT_PROFILE)
 FUZZ = settings.get_profile(PROFILE)
 INTERPRETED_MAX_EXAMPLES = 5  # Triton's interpreter is slow: fewer examples per op
 

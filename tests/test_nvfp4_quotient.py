@@ -13,10 +13,11 @@ import os
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 
-from dsv41.backends.triton import cache_kernels as ck
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+
+from dsv41.backends.triton import cache_kernels as ck  # noqa: E402
 
 RUNS = os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
 pytestmark = pytest.mark.skipif(not RUNS, reason="needs a GPU or TRITON_INTERPRET=1")

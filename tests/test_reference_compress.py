@@ -16,13 +16,13 @@ import tarfile
 import pytest
 import torch
 
+import golden  # noqa: E402  (tests/ is on sys.path)
+
 from dsv41.codecs import e2m1_decode, e4m3_decode, unpack_nibbles
 from dsv41.reference.compress import fused_save_compress_norm, rope_quant_insert
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-VECTORS = os.environ.get(
-    "DSV41_VECTORS", str(REPO / ".." / "shared" / "vectors" / "vllm-sm90.tar.xz")
-)
+VECTORS = str(golden.ARCHIVE)  # tests/vectors (DSV41_VECTORS overrides)
 OPS = ("fused_save_compress_norm", "rope_quant_insert")
 
 

@@ -20,15 +20,15 @@ from pathlib import Path
 import pytest
 import torch
 
+import golden  # noqa: E402  (tests/ is on sys.path)
+
 from dsv41.reference.indexer import (
     fused_indexer_q_rope_quant,
     indexer_k_norm_rope_store,
 )
 
 _REPO = Path(__file__).resolve().parents[1]
-VECTORS = Path(
-    os.environ.get("DSV41_VECTORS", _REPO.parent / "shared" / "vectors" / "vllm-sm90.tar.xz")
-)
+VECTORS = golden.ARCHIVE  # tests/vectors (DSV41_VECTORS overrides)
 
 U8 = torch.uint8
 F32 = torch.float32

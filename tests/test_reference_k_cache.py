@@ -12,6 +12,8 @@ import tarfile
 import pytest
 import torch
 
+import golden  # noqa: E402  (tests/ is on sys.path)
+
 from dsv41.codecs import e4m3_decode
 from dsv41.formats import V4_FP8, V41_MXFP8, V41_NVFP4
 from dsv41.reference.k_cache import (
@@ -22,9 +24,7 @@ from dsv41.reference.k_cache import (
 )
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-VECTORS = pathlib.Path(
-    os.environ.get("DSV41_VECTORS", REPO.parent / "shared" / "vectors" / "vllm-sm90.tar.xz")
-)
+VECTORS = golden.ARCHIVE  # tests/vectors (DSV41_VECTORS overrides)
 OPS = ("quantize_and_insert_k_cache", "dequantize_and_gather_k_cache")
 # Arguments the public layer consumes before calling a kernel.
 PUBLIC_ONLY = ("is_ue8m0", "max_gather_len")

@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 import torch
 
+import golden  # noqa: E402  (tests/ is on sys.path)
+
 from dsv41.codecs import bit_ceil_log2, ceil_log2, inv_const
 from dsv41.fused_layout import (
     apply_o_fused_permutation,
@@ -37,7 +39,7 @@ from dsv41.reference.output_quant import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-VECTORS = os.environ.get("DSV41_VECTORS", str(REPO / ".." / "shared" / "vectors" / "vllm-sm90.tar.xz"))
+VECTORS = str(golden.ARCHIVE)  # tests/vectors (DSV41_VECTORS overrides)
 OP = "fused_inv_rope_fp8_quant"
 
 

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import golden  # noqa: E402  (tests/ is on sys.path)
+
 from dsv41.reference.sparse_indices import (
     build_flashinfer_mixed_sparse_indices,
     combine_topk_swa_indices,
@@ -26,9 +28,7 @@ from dsv41.reference.sparse_indices import (
 )
 
 _REPO = Path(__file__).resolve().parents[1]
-VECTORS = Path(
-    os.environ.get("DSV41_VECTORS", _REPO.parent / "shared" / "vectors" / "vllm-sm90.tar.xz")
-)
+VECTORS = golden.ARCHIVE  # tests/vectors (DSV41_VECTORS overrides)
 OPS = (
     "compute_global_topk_indices_and_lens",
     "combine_topk_swa_indices",

@@ -25,8 +25,15 @@ import tarfile
 import pytest
 import torch
 
+import golden  # noqa: E402  (tests/ is on sys.path)
+
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
+from triton_interp import interpreter_unsupported_reason  # noqa: E402
+
+if not torch.cuda.is_available() and interpreter_unsupported_reason():
+    pytest.skip(f"Triton interpreter not usable here: {interpreter_unsupported_reason()}",
+                allow_module_level=True)
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
@@ -38,9 +45,7 @@ from dsv41.reference import sparse_indices as ref_si  # noqa: E402
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy in the interpreter
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-VECTORS = pathlib.Path(
-    os.environ.get("DSV41_VECTORS", REPO.parent / "shared" / "vectors" / "vllm-sm90.tar.xz")
-)
+VECTORS = golden.ARCHIVE  # tests/vectors (DSV41_VECTORS overrides)
 I32 = torch.int32
 BF16 = torch.bfloat16
 F32 = torch.float32

@@ -47,14 +47,19 @@ import torch
 
 __all__ = [
     "VERIFIED_TRITON",
+    "interpreter_unsupported_reason",
     "enable_exact_interpreter",
     "exact_interpreter_enabled",
     "load_interpreted",
     "interpreter_available",
 ]
 
-# Triton versions whose interpreter internals this module was checked against.
-VERIFIED_TRITON = ("3.9.",)
+# Triton versions whose interpreter internals this module was checked against: with these the
+# patched interpreter reproduces the reference bit for bit.  Triton 3.3-3.7 have the same hook
+# points, but with them the patched interpreter still wrote the e4m3 NaN code where the GPU
+# saturates to 448 (seen with 3.3.1 and 3.6.0), so the interpreter tests are skipped there
+# rather than reporting mismatches that are the interpreter's.
+VERIFIED_TRITON = ("3.8.", "3.9.")
 
 _ENABLED = False
 
@@ -66,6 +71,18 @@ def interpreter_available() -> bool:
     except Exception:
         return False
     return True
+
+
+def interpreter_unsupported_reason() -> str | None:
+    """None when the exact interpreter can run here, else one line saying why not."""
+    try:
+        import triton
+    except Exception as exc:
+        return f"Triton is not importable ({type(exc).__name__}: {exc}); pip install 'triton>=3.8' to run them"
+    if not triton.__version__.startswith(VERIFIED_TRITON):
+        return (f"Triton {triton.__version__} is not one the exact-interpreter patch was verified with "
+                f"({', '.join(v.rstrip('.') for v in VERIFIED_TRITON)})")
+    return None
 
 
 def _check_version(triton) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import platform as _py_platform
 import shutil
@@ -24,6 +25,20 @@ HERE = Path(__file__).resolve().parent
 _lock = threading.Lock()
 _libs: dict = {}
 _errors: dict = {}
+_warned = False
+log = logging.getLogger("dsv41")
+
+
+def _warn_once(reason: str) -> None:
+    """The registry falls back to the reference, 100-1000x slower: say so once, loudly."""
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    log.warning(
+        "dsv41: the CPU kernels could not be built, so ops on CPU tensors run the pure-PyTorch "
+        "reference (100-1000x slower). Fix: install a C++ compiler with OpenMP (e.g. "
+        "`apt-get install g++`) or point CXX at one. Reason: %s", reason.splitlines()[0])
 
 
 def _compiler() -> str | None:
@@ -58,6 +73,7 @@ def load(name: str, sources: list[str]) -> ctypes.CDLL:
             lib = _build(name, sources)
         except Exception as exc:
             _errors[name] = f"CPU kernels could not be built: {exc}"
+            _warn_once(str(exc))
             raise RuntimeError(_errors[name]) from None
         _libs[name] = lib
         return lib

@@ -98,27 +98,26 @@ CONFIG = {
     "rope288_words": True,
     # register cap (ptxas maxnreg) of the CR-2 pair programs; None: the compiler's choice.
     # 64: the compiler's 70 registers held an SM to 28 one-warp programs (Nsight Compute:
-    # 40 % occupancy, DRAM 80 %); at 64 the 32-block limit binds (session-7 sweep, three
-    # passes at 65536 tokens: 0.90-0.93 of copy against 0.87-0.91; 56: 0.88-0.89)
+    # 40 % occupancy, DRAM 80 %); at 64 the 32-block limit binds (H200 sweeps at 65536 tokens,
+    # h200-sweep-9-call1.jsonl: median 0.942 of copy against 0.925 uncapped, 0.929 at 56)
     "norm2_maxnreg": 64,
     # CR 2 on SM90+: the ring save (second launch) is a PDL launch at every size and loads
     # its rows while the pooling kernel runs, waiting for it only before its stores; False:
-    # PDL at decode sizes only and the wait before any load (until session 8).  Session-9
-    # sweep (five interleaved passes at 65536 tokens, h200-sweep-9-call1.jsonl): 0.936-0.960
-    # of copy (median 0.942, ten passes) against 0.902-0.919; CUDA-graph replay at 1 / 8 /
-    # 64 tokens 2.37 / 2.44 / 2.55 us against 2.56 / 2.72 / 2.85
+    # PDL at decode sizes only and the wait before any load.  H200 sweep (five interleaved
+    # passes at 65536 tokens, h200-sweep-9-call1.jsonl): 0.936-0.960 of copy (median 0.942,
+    # ten passes) against 0.902-0.919 for False; CUDA-graph replay at 1 / 8 / 64 tokens
+    # 2.37 / 2.44 / 2.55 us against 2.56 / 2.72 / 2.85
     "ring_pdl": True,
     # upper bound on gather programs (grid = requests x workers)
     "gather_programs": 2048,
     # per-variant shapes (BLOCK_T, num_warps), key "<kernel>:<variant>" (e.g. "rope:288"),
     # and "<kernel>:<variant>:decode" for launches of <= launch.DECODE_T tokens; from the H200
-    # sweeps of 2026-12-02 (python -m dsv41.backends.triton.sweep, docs/performance.md):
+    # sweeps (python -m dsv41.backends.triton.sweep, docs/performance.md "Launch shapes"):
     # best fraction of copy at 65536 tokens, best CUDA-graph replay time at 64 tokens.
-    # The second sweep (after the instruction-count changes, cold-L2 timing,
-    # docs/measurements/h200-sweep-2.txt) moved insert 584 and the gathers; the third
-    # (session 4, pair-word rope writers, h200-sweep-3.txt) kept rope 584 / 528 / bf16 at
-    # these shapes (within 0.01 of the best).  Rope 288: session-5 sweep of its bf16x2 NVIDIA
-    # path (h200-sweep-5.jsonl): 4 x 1 0.83 of copy (16 x 4: 0.69), decode 1 x 1 1.21 us.
+    # Insert, gather, CR 1 and indexer key: docs/measurements/h200-sweep-2.txt; rope 584 /
+    # 528 / bf16 (the pair-word writers, within 0.01 of the best): h200-sweep-3.txt.  Rope
+    # 288 (its bf16x2 NVIDIA path, h200-sweep-5.jsonl): 4 x 1 0.83 of copy (16 x 4: 0.69),
+    # decode 1 x 1 1.21 us.
     "variant": {
         "insert:584": (8, 2), "insert:584:decode": (4, 4),
         "insert:528": (8, 8), "insert:528:decode": (4, 4),
@@ -132,7 +131,7 @@ CONFIG = {
         "indexer:fp8": (32, 8), "indexer:fp8:decode": (8, 4),
         "norm1:None": (1, 2), "norm1:None:decode": (1, 4),
         # CR 2 beyond decode sizes: pair programs (two tokens, BLOCK_T 1) of one warp
-        # (session-6 sweeps, h200-sweep-6-call*.jsonl: 0.88-0.90 of copy; 4 warps 0.84)
+        # (H200 sweep, h200-sweep-6-call2.jsonl: 0.88 of copy; 2 / 4 warps 0.83 / 0.84)
         "norm2:None": (1, 1), "norm2:None:decode": (1, 8),
     },
 }
@@ -1507,7 +1506,7 @@ def _ring_save_kernel(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, slot_ptr, qsl_pt
     s and e are known (two dependent round trips).  With PDL those loads run while the
     pooling kernel still runs (it writes none of them: only latent_out), and the program
     waits for it (every ring read) only before its store (``EARLY``; else before any
-    memory access, as until session 8)."""
+    memory access)."""
     if not EARLY:
         launch.pdl_prologue(PDL)
     r = tl.program_id(0)

@@ -155,7 +155,8 @@ def compute_global_topk_indices_and_lens(
         return None
     # One token per program (measured best on the H200): whole rows in one step at decode
     # sizes (latency; 16 warps up to DECODE_T rows: 2.65 against 2.85 us with 8 at 64 rows,
-    # session-5 sweep without PDL), 512-column steps at prefill sizes (bandwidth).
+    # H200 sweep without PDL, h200-sweep-5-topk-nopdl.jsonl), 512-column steps at prefill
+    # sizes (bandwidth).
     if N * K <= 1024 * 2048:
         block_r, block_c, warps = 1, min(_pow2(K), 2048), 16 if N <= launch.DECODE_T else 8
     else:

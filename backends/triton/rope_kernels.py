@@ -71,8 +71,8 @@ PTX_OVERRIDE: bool | None = None
 TUNE: dict = {}
 
 
-# Measured launch shapes at V4.1 production sizes (H200 sweep of 2026-12-02, python -m
-# dsv41.backends.triton.sweep): "<op>" for launches of more than launch.DECODE_T tokens (best
+# Measured launch shapes at V4.1 production sizes (H200 sweeps, python -m
+# dsv41.backends.triton.sweep; docs/performance.md): "<op>" for launches of more than launch.DECODE_T tokens (best
 # fraction of copy at 65536), "<op>:decode" for the others (best CUDA-graph replay at 64),
 # "<op>:tiny" where launches of at most launch.TINY_T tokens have their own.
 # TUNE overrides them; ops / sizes without an entry use the heuristics of their launcher.
@@ -80,17 +80,18 @@ MEASURED = {
     "fused_inv_rope_fp8_quant": {"BLOCK_T": 2, "BLOCK_H": 8, "num_warps": 4},
     # decode sizes: programs of one quant chunk (BLOCK_D 128), so only the chunk with the
     # RoPE dims waits for position -> cos/sin.  <= 8 tokens: 1 token x 1 head x 128 dims, one
-    # warp (it holds a whole quant group: no cross-warp step for its max; session-8 sweep,
-    # five passes, 16 heads: 1.19 / 1.20 / 1.22 / 1.27 us at 1 / 2 / 4 / 8 tokens, against
-    # 1.31 / 1.21 / 1.19 / 1.39 for session 7's 1 x 4 heads x 4 warps, 1.43-1.51 with 2 warps);
-    # 9-64 tokens 4 x 4 x 128 (session 7: 1.78-1.88 at 64; whole rows of 4 x 1 1.97-1.98)
+    # warp (it holds a whole quant group: no cross-warp step for its max; H200 sweep, five
+    # passes, 16 heads, h200-sweep-8-call3.jsonl: 1.19 / 1.20 / 1.22 / 1.27 us at 1 / 2 / 4 /
+    # 8 tokens, against 1.31 / 1.21 / 1.19 / 1.39 for 1 x 4 heads x 4 warps, 1.43-1.51 with 2
+    # warps); 9-64 tokens 4 x 4 x 128 (h200-sweep-7-call2-inv-decode.jsonl: 1.78-1.88 us at
+    # 64; whole rows of 4 x 1 1.97-1.98)
     "fused_inv_rope_fp8_quant:tiny": {"BLOCK_T": 1, "BLOCK_H": 1, "num_warps": 1, "BLOCK_D": 128},
     "fused_inv_rope_fp8_quant:decode": {"BLOCK_T": 4, "BLOCK_H": 4, "num_warps": 4, "BLOCK_D": 128},
-    # one warp per row: its reductions stay in warp shuffles (second H200 sweep: 0.77 of
-    # copy at 65536 rows, 0.54 with the former 2 rows x 2 warps)
+    # one warp per row: its reductions stay in warp shuffles (H200 sweep, h200-sweep-2.txt:
+    # 0.77 of copy at 65536 rows, 0.54 with 2 rows x 2 warps)
     "fused_q_kv_rmsnorm_quant": {"BLOCK_T": 1, "num_warps": 1},
     "fused_q_kv_rmsnorm_quant:decode": {"BLOCK_T": 1, "num_warps": 8},
-    # session-4 sweep of the MXFP4 split path (h200-sweep-3.txt): 2.13 us at 64 tokens
+    # H200 sweep of the MXFP4 split path (h200-sweep-3.txt): 2.13 us at 64 tokens
     # (8 warps: 2.25); at 65536 the heuristic shape (1 x 64 heads, 4 warps) is the best, 0.77
     "fused_indexer_q_rope_quant:mxfp4:decode": {"BLOCK_T": 1, "BLOCK_H": 16, "num_warps": 4},
 }

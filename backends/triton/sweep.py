@@ -62,11 +62,11 @@ SPACES = {
     # takes BLOCK_T from the grid
     "fused_save_compress_norm [CR2]": (("cache", "norm2:None"), _grid(bt=(1, 2, 4), nw=(1, 2, 4, 8))),
     # CR 2 pair programs (one warp) under a register cap: the compiler's 70 registers hold an
-    # SM to 28 resident warps, 64 (the default since session 7) lets the 32-block limit bind
+    # SM to 28 resident warps, 64 (the default) lets the 32-block limit bind
     "fused_save_compress_norm [CR2] maxnreg": (("flag", "norm2_maxnreg"), [{"value": None}, {"value": 56}],
                                                "fused_save_compress_norm [CR2]"),
-    # CR 2 ring save (session 9): PDL at every size with its loads before the wait (default)
-    # against the session-8 order (PDL at decode sizes, the wait before every load)
+    # CR 2 ring save: PDL at every size with its loads before the wait (default) against
+    # the plain order (PDL at decode sizes, the wait before every load)
     "fused_save_compress_norm [CR2] ring": (("flag", "ring_pdl"), [{"value": False}],
                                             "fused_save_compress_norm [CR2]"),
     "fused_indexer_q_rope_quant [FP8]": (("rope", "fused_indexer_q_rope_quant"),
@@ -81,7 +81,7 @@ SPACES = {
                                               _grid(BLOCK_T=(1, 2, 4), BLOCK_H=(1, 2, 4),
                                                     num_warps=(1, 2, 4), BLOCK_D=(128, 256)),
                                               "fused_inv_rope_fp8_quant"),
-    # the split-row shapes that led at 1 / 8 / 64 tokens in the first pass (session 7),
+    # the split-row shapes that led at 1 / 8 / 64 tokens in a pass over "split rows",
     # timed again with --repeat
     "fused_inv_rope_fp8_quant [decode shortlist]": (
         ("rope", "fused_inv_rope_fp8_quant"),
@@ -90,15 +90,15 @@ SPACES = {
             (1, 4, 2, 128), (2, 4, 4, 128), (4, 2, 4, 128), (4, 4, 4, 128), (4, 1, 4, 128),
             (4, 1, 4, 256), (2, 2, 4, 256), (4, 4, 4, 256), (4, 1, 4, 512))],
         "fused_inv_rope_fp8_quant"),
-    # decode shapes for <= 8 tokens (session 8): the best 1-token and 8-token shapes of the
-    # shortlist and their neighbours, timed at 1, 2, 4, 8 tokens with --repeat
+    # decode shapes for <= 8 tokens: the best 1-token and 8-token shapes of the shortlist
+    # and their neighbours, timed at 1, 2, 4, 8 tokens with --repeat
     "fused_inv_rope_fp8_quant [tiers]": (
         ("rope", "fused_inv_rope_fp8_quant"),
         [dict(BLOCK_T=bt, BLOCK_H=bh, num_warps=nw, BLOCK_D=128) for bt, bh, nw in (
             (1, 4, 4), (1, 1, 2), (1, 2, 2), (1, 1, 1), (2, 1, 2), (1, 2, 4), (4, 4, 4))],
         "fused_inv_rope_fp8_quant"),
-    # second pass (session 8): one warp per program (the first pass's best at 1-8 tokens)
-    # and its neighbours, against the 1-token shape of the first pass
+    # one warp per program (the best of "tiers" at 1-8 tokens) and its neighbours, against
+    # the shortlist's best 1-token shape (1 x 4 heads, 4 warps)
     "fused_inv_rope_fp8_quant [one warp]": (
         ("rope", "fused_inv_rope_fp8_quant"),
         [dict(BLOCK_T=bt, BLOCK_H=bh, num_warps=nw, BLOCK_D=128) for bt, bh, nw in (
