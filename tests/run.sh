@@ -26,7 +26,7 @@ done
 export DSV41_TEST_TIER=$TIER
 export DSV41_CACHE_DIR="${DSV41_CACHE_DIR:-$PWD/.cache-dsv41}"
 if [[ $TIER == fast ]]; then
-  echo "dsv41 tests, fast tier: expect about 4 minutes on 2 cores (bash tests/run.sh --full: about 45)"
+  echo "dsv41 tests, fast tier: expect about 3 minutes on 2 cores (bash tests/run.sh --full: about 45)"
 else
   echo "dsv41 tests, full tier: expect about 45 minutes on 2 cores"
 fi

@@ -18,7 +18,9 @@ from dsv41.backends.cpu import _build
 def _cli(*args, env_vars=None):
     e = {k: v for k, v in os.environ.items() if not k.startswith("DSV41_BACKEND") and k != "DSV41_PLATFORM"}
     e.update(env_vars or {})
-    return subprocess.run([sys.executable, "-m", "dsv41", *args], capture_output=True, text=True, env=e)
+    # -P: the installed package, not the checkout's dsv41/ (whose backends install as dsv41.backends)
+    safe_path = ["-P"] if sys.version_info >= (3, 11) else []
+    return subprocess.run([sys.executable, *safe_path, "-m", "dsv41", *args], capture_output=True, text=True, env=e)
 
 
 def test_unknown_variables_name_the_closest_valid_one():
