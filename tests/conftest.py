@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 if os.environ.get("TRITON_INTERPRET") == "1":
@@ -119,6 +118,7 @@ def _coverage_keys(item):
 def pytest_collection_modifyitems(config, items):
     if TIER == "full":
         return
+
     def preferred(item):
         params = getattr(getattr(item, "callspec", None), "params", {})
         subject = params.get("case") or params.get("golden")

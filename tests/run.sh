@@ -2,7 +2,7 @@
 # The project's test command (README): every suite that runs without a GPU.
 #
 #   bash tests/run.sh          fast tier: every op on every implementation that runs here,
-#                              a slice of the matrix (about 4 minutes on 2 cores)
+#                              a slice of the matrix (3-4 minutes on 2 cores)
 #   bash tests/run.sh --full   everything (what CI runs; about 45 minutes on 2 cores)
 #
 # Steps: (1) pytest over tests/ -- reference vs vLLM's golden vectors, the conformance matrix
@@ -26,7 +26,7 @@ done
 export DSV41_TEST_TIER=$TIER
 export DSV41_CACHE_DIR="${DSV41_CACHE_DIR:-$PWD/.cache-dsv41}"
 if [[ $TIER == fast ]]; then
-  echo "dsv41 tests, fast tier: expect about 3 minutes on 2 cores (bash tests/run.sh --full: about 45)"
+  echo "dsv41 tests, fast tier: expect 3-4 minutes on 2 cores (bash tests/run.sh --full: about 45)"
 else
   echo "dsv41 tests, full tier: expect about 45 minutes on 2 cores"
 fi
