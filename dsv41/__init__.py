@@ -15,6 +15,8 @@ from .cache_utils import (
     combine_topk_swa_indices,
     compute_global_topk_indices_and_lens,
     dequantize_and_gather_k_cache,
+    dequantize_and_gather_k_cache_triton,
+    gather_num_workers,
     quantize_and_insert_k_cache,
 )
 from .formats import (
@@ -22,16 +24,18 @@ from .formats import (
     V4_BYTES_PER_TOKEN,
     V41_BYTES_PER_TOKEN,
     V41_NVFP4_BYTES_PER_TOKEN,
+    DEFAULT_V41_LAYOUT,
+    V41_LAYOUTS,
     CacheLayout,
     Fp8Flavour,
 )
-from .fused_compress_quant_cache import fused_save_compress_norm, rope_quant_insert
+from .fused_compress_quant_cache import fused_save_compress_norm, rope_quant_insert, save_ring_rows
 from .fused_layout import o_fused_permutation, q_fused_permutation
 from .indexer_k_store import indexer_k_norm_rope_store
 from .indexer_q import fused_indexer_q_rope_quant
 from .inv_rope import fused_inv_rope_fp8_quant
 from .q_layout import pad_fused_q_heads
-from .query_quant import fused_q_kv_rmsnorm_quant
+from .query_quant import QuantizedActivation, can_fuse_query_quant, fused_q_kv_rmsnorm_quant, mxfp8_scale_bytes
 from .registry import BackendUnavailable
 from .transcode import transcode_k_cache
 
@@ -47,8 +51,14 @@ __all__ = [
     "indexer_k_norm_rope_store",
     "combine_topk_swa_indices",
     "fused_save_compress_norm",
+    "save_ring_rows",
     "rope_quant_insert",
     "fused_q_kv_rmsnorm_quant",
+    "QuantizedActivation",
+    "can_fuse_query_quant",
+    "mxfp8_scale_bytes",
+    "gather_num_workers",
+    "dequantize_and_gather_k_cache_triton",
     "pad_fused_q_heads",
     "transcode_k_cache",
     "q_fused_permutation",
@@ -67,4 +77,6 @@ __all__ = [
     "V41_BYTES_PER_TOKEN",
     "V41_NVFP4_BYTES_PER_TOKEN",
     "MXFP4_BLOCK_SIZE",
+    "DEFAULT_V41_LAYOUT",
+    "V41_LAYOUTS",
 ]

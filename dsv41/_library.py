@@ -41,9 +41,18 @@ def _run(name: str, device: torch.device, *args) -> None:
 
 @_define("quantize_and_insert_k_cache", ("k_cache",))
 def quantize_and_insert_k_cache(
-    k: Tensor, k_cache: Tensor, slot_mapping: Tensor, block_size: int, use_fnuz: bool, bytes_per_token: int
+    k: Tensor,
+    k_cache: Tensor,
+    slot_mapping: Tensor,
+    block_size: int,
+    use_fnuz: bool,
+    bytes_per_token: int,
+    interleaved: bool = False,
 ) -> None:
-    _run("quantize_and_insert_k_cache", k.device, k, k_cache, slot_mapping, block_size, use_fnuz, bytes_per_token)
+    _run(
+        "quantize_and_insert_k_cache", k.device, k, k_cache, slot_mapping, block_size, use_fnuz, bytes_per_token,
+        interleaved,
+    )
 
 
 @_define("dequantize_and_gather_k_cache", ("out",))
@@ -56,9 +65,11 @@ def dequantize_and_gather_k_cache(
     block_size: int,
     offset: int,
     use_fnuz: bool,
+    interleaved: bool = False,
 ) -> None:
     _run(
-        "dequantize_and_gather_k_cache", out.device, out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, use_fnuz
+        "dequantize_and_gather_k_cache", out.device, out, k_cache, seq_lens, gather_lens, block_table, block_size, offset,
+        use_fnuz, interleaved,
     )
 
 
@@ -179,6 +190,8 @@ def fused_save_compress_norm(
     rms_norm_eps: float,
     compress_ratio: int,
     latent_out: Tensor,
+    prev_rows: Optional[Tensor] = None,
+    prev_row_indices: Optional[Tensor] = None,
 ) -> None:
     _run(
         "fused_save_compress_norm",
@@ -193,7 +206,14 @@ def fused_save_compress_norm(
         rms_norm_eps,
         compress_ratio,
         latent_out,
+        prev_rows,
+        prev_row_indices,
     )
+
+
+@_define("save_ring_rows", ("state_cache",))
+def save_ring_rows(rows: Tensor, slot_mapping: Tensor, state_cache: Tensor) -> None:
+    _run("save_ring_rows", rows.device, rows, slot_mapping, state_cache)
 
 
 @_define("rope_quant_insert", ("kv_cache",))
@@ -206,6 +226,7 @@ def rope_quant_insert(
     compress_ratio: int,
     fp8_scale: Optional[Tensor],
     sanitize_nans: bool,
+    interleaved: bool = False,
 ) -> None:
     _run(
         "rope_quant_insert",
@@ -218,6 +239,7 @@ def rope_quant_insert(
         compress_ratio,
         fp8_scale,
         sanitize_nans,
+        interleaved,
     )
 
 

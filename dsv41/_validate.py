@@ -91,6 +91,13 @@ class Check:
             self.fail(arg, "a bool", type(v).__name__, TypeError)
         return v
 
+    def choice(self, arg, v, choices):
+        if not isinstance(v, str):
+            self.fail(arg, f"a str, one of {list(choices)}", type(v).__name__, TypeError)
+        if v not in choices:
+            self.fail(arg, f"one of {list(choices)}", repr(v))
+        return v
+
     def number(self, arg, v):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             self.fail(arg, "a Python float", type(v).__name__, TypeError)

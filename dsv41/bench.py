@@ -45,6 +45,7 @@ import torch
 
 from . import platform as _platform
 from . import registry
+from .formats import DEFAULT_V41_LAYOUT, interleaved_for
 
 __all__ = ["DEFAULT_TOKENS_CPU", "DEFAULT_TOKENS_GPU", "VARIANTS", "main"]
 
@@ -155,7 +156,7 @@ def _fp8_bytes(gen: _Gen, n: int) -> torch.Tensor:
     return gen.randn(n, scale=8.0).clamp(-448, 448).to(torch.float8_e4m3fn).view(U8)
 
 
-def _filled_k_cache(gen: _Gen, n_pages: int, width: int) -> torch.Tensor:
+def _filled_k_cache(gen: _Gen, n_pages: int, width: int, interleaved: bool = False) -> torch.Tensor:
     """A ``[n_pages, BLOCK, width]`` paged K cache of plausible records (finite values)."""
     from .formats import record_for_width
 
@@ -177,6 +178,12 @@ def _filled_k_cache(gen: _Gen, n_pages: int, width: int) -> torch.Tensor:
     else:  # NVFP4 block scales are positive e4m3 values around 1
         scales.copy_(gen.randint(0x30, 0x41, n_pages, sb, dtype=U8))
     pages[:, vb + sb :].zero_()
+    if interleaved:  # the same records at their interleaved places
+        from .transcode import _record_order
+
+        order = _record_order(width, BLOCK, True).to(pages.device)
+        moved = pages.clone()
+        pages[:, order] = moved[:, : BLOCK * width]
     return cache
 
 
@@ -185,7 +192,7 @@ def _build_quantize_insert(gen: _Gen, t: int, width: int, plat) -> Case:
     slots, n_pages = _insert_slots(gen, t)
     cache = gen.zeros(n_pages, BLOCK, width, dtype=U8)
     nbytes = t * 512 * 2 + t * 8 + t * width
-    return Case((k, cache, slots, BLOCK, False, width), nbytes)
+    return Case((k, cache, slots, BLOCK, False, width, interleaved_for(width, DEFAULT_V41_LAYOUT)), nbytes)
 
 
 def _build_gather(gen: _Gen, t: int, width: int, plat) -> Case:
@@ -193,11 +200,11 @@ def _build_gather(gen: _Gen, t: int, width: int, plat) -> Case:
     lens = _split(t, reqs)
     max_blocks = _cdiv(max(lens), BLOCK)
     table = gen.randperm(reqs * max_blocks, dtype=I32).view(reqs, max_blocks).contiguous()
-    cache = _filled_k_cache(gen, reqs * max_blocks, width)
+    cache = _filled_k_cache(gen, reqs * max_blocks, width, interleaved_for(width, DEFAULT_V41_LAYOUT))
     out = gen.empty(reqs, max(lens), 512, dtype=BF16)
     seq_lens = torch.tensor(lens, dtype=I32, device=gen.device)
     nbytes = t * width + t * 512 * 2 + reqs * 4 + table.numel() * 4
-    return Case((out, cache, seq_lens, None, table, BLOCK, 0, False), nbytes)
+    return Case((out, cache, seq_lens, None, table, BLOCK, 0, False, interleaved_for(width, DEFAULT_V41_LAYOUT)), nbytes)
 
 
 def _build_transcode(gen: _Gen, t: int, width: int, plat) -> Case:
@@ -323,6 +330,16 @@ def _build_save_compress_cr2(gen: _Gen, t: int, plat) -> Case:
     return Case((kv, positions, state, slots, qsl, t2r, weight, 1e-6, 2, latent), nbytes)
 
 
+def _build_save_ring_rows(gen: _Gen, t: int, plat) -> Case:
+    """Every row to a distinct ring slot (rows gathered from other ranks, stored after pooling)."""
+    cap = 4
+    rows = gen.randn(t, 1024)
+    slots = gen.randperm(t).to(I64)
+    state = gen.randn(_cdiv(t, cap), cap, 1024)
+    nbytes = 2 * t * 1024 * 4 + t * 8
+    return Case((rows, slots, state), nbytes)
+
+
 def _build_rope_quant_insert(gen: _Gen, t: int, variant: str, plat) -> Case:
     latent = gen.randn(t, 512, dtype=BF16)
     positions = _positions(gen, t)
@@ -336,7 +353,8 @@ def _build_rope_quant_insert(gen: _Gen, t: int, variant: str, plat) -> Case:
         written = int(variant)
     sanitize = plat.arch == "gfx950"
     nbytes = t * 1024 + t * 8 * 2 + t * 64 * 4 + t * written
-    return Case((latent, positions, cos_sin, cache, slots, 1, None, sanitize), nbytes)
+    interleaved = variant != "bf16" and interleaved_for(int(variant), DEFAULT_V41_LAYOUT)
+    return Case((latent, positions, cos_sin, cache, slots, 1, None, sanitize, interleaved), nbytes)
 
 
 def _build_indexer_k(gen: _Gen, t: int, plat) -> Case:
@@ -443,6 +461,7 @@ VARIANTS = (
     Variant("build_flashinfer_mixed_sparse_indices", None, _build_flashinfer),
     Variant("fused_save_compress_norm", "CR1", _build_save_compress),
     Variant("fused_save_compress_norm", "CR2", _build_save_compress_cr2),
+    Variant("save_ring_rows", None, _build_save_ring_rows),
     Variant("rope_quant_insert", "584", _with(_build_rope_quant_insert, "584")),
     Variant("rope_quant_insert", "528", _with(_build_rope_quant_insert, "528")),
     Variant("rope_quant_insert", "288", _with(_build_rope_quant_insert, "288")),

@@ -13,11 +13,41 @@ import torch
 from . import _library  # noqa: F401  (registers torch.ops.dsv41.*)
 from . import index_checks as _ic
 from ._validate import INT_INDEX, Check
-from .formats import V4_BYTES_PER_TOKEN, V41_BYTES_PER_TOKEN, record_for_width
+from . import registry as _registry
+from .formats import (
+    DEFAULT_V41_LAYOUT,
+    V4_BYTES_PER_TOKEN,
+    V41_BYTES_PER_TOKEN,
+    V41_LAYOUTS,
+    V41_MXFP8,
+    V41_NVFP4,
+    V41_NVFP4_BYTES_PER_TOKEN,
+    interleaved_for,
+    record_for_width,
+)
+
+# vLLM 0.33's names for the V4.1 record geometry (dsv41.formats holds the records).
+V41_QUANT_BLOCK = V41_MXFP8.group
+V41_NUM_SCALES = V41_MXFP8.n_groups
+V41_NVFP4_QUANT_BLOCK = V41_NVFP4.group
+V41_NVFP4_NUM_SCALES = V41_NVFP4.n_groups
+
+# vLLM 0.33's gather launch width: one worker per 8 gathered rows, 128 to 8192 workers.
+_GATHER_ROWS_PER_WORKER = 8
+_GATHER_WORKERS = (128, 8192)
 
 __all__ = [
     "quantize_and_insert_k_cache",
     "dequantize_and_gather_k_cache",
+    "dequantize_and_gather_k_cache_triton",
+    "gather_num_workers",
+    "V4_BYTES_PER_TOKEN",
+    "V41_BYTES_PER_TOKEN",
+    "V41_QUANT_BLOCK",
+    "V41_NUM_SCALES",
+    "V41_NVFP4_BYTES_PER_TOKEN",
+    "V41_NVFP4_QUANT_BLOCK",
+    "V41_NVFP4_NUM_SCALES",
     "compute_global_topk_indices_and_lens",
     "combine_topk_swa_indices",
     "build_flashinfer_mixed_sparse_indices",
@@ -35,6 +65,8 @@ def quantize_and_insert_k_cache(
     is_ue8m0: bool = True,
     use_fnuz: bool = False,
     bytes_per_token: int = V4_BYTES_PER_TOKEN,
+    *,
+    v41_layout: str = DEFAULT_V41_LAYOUT,
 ) -> None:
     """Quantize K (``[>=T, 512]`` bf16) and insert it into the paged K cache.
 
@@ -42,7 +74,10 @@ def quantize_and_insert_k_cache(
     or 528 (V4.1 MXFP8, all 512 dims).  ``use_fnuz`` picks the cache's fp8
     flavour (FNUZ e4m3, clamp 224) and is legal on every platform: the flavour
     belongs to the cache.  ``T = slot_mapping.shape[0]`` (DP padding rows of
-    ``k`` past T are never read); slot −1 skips a token.
+    ``k`` past T are never read); a negative slot skips a token.
+    ``v41_layout`` (keyword-only) places the 528 record's scales: ``"interleaved"``
+    (vLLM 0.33, the default) or ``"paged"`` (vLLM's development snapshot); see
+    ``dsv41.formats``.
     """
     c = Check("quantize_and_insert_k_cache")
     c.tensor("k", k, dtype=torch.bfloat16, ndim=2)
@@ -58,10 +93,50 @@ def quantize_and_insert_k_cache(
     if not is_ue8m0:
         c.fail("is_ue8m0", "True (only UE8M0 power-of-two scales exist in these records)", is_ue8m0)
     c.flag("use_fnuz", use_fnuz)
+    c.choice("v41_layout", v41_layout, V41_LAYOUTS)
     if slot_mapping.shape[0] == 0:
         return
     _ic.check_quantize_and_insert_k_cache(k, k_cache, slot_mapping, block_size)
-    _ops.quantize_and_insert_k_cache(k, k_cache, slot_mapping, block_size, use_fnuz, bytes_per_token)
+    _ops.quantize_and_insert_k_cache(
+        k, k_cache, slot_mapping, block_size, use_fnuz, bytes_per_token, interleaved_for(bytes_per_token, v41_layout)
+    )
+
+
+def gather_num_workers(max_gather_len: int | None) -> int:
+    """vLLM 0.33's launch width (programs per request) for a gather of at most
+    ``max_gather_len`` rows: 128 when unknown, else ``ceil(n / 8)`` within [128, 8192].
+
+    dsv41's kernels size their own grids; this is kept for callers that size buffers
+    or graphs with it."""
+    if max_gather_len is None:
+        return _GATHER_WORKERS[0]
+    if isinstance(max_gather_len, bool) or not isinstance(max_gather_len, int):
+        raise TypeError(f"gather_num_workers: argument 'max_gather_len' expected an int or None, "
+                        f"got {type(max_gather_len).__name__}")
+    workers = -(-max_gather_len // _GATHER_ROWS_PER_WORKER)
+    return max(_GATHER_WORKERS[0], min(_GATHER_WORKERS[1], workers))
+
+
+def dequantize_and_gather_k_cache_triton(
+    out: torch.Tensor,
+    k_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    gather_lens: torch.Tensor | None,
+    block_table: torch.Tensor,
+    block_size: int,
+    offset: int,
+    use_fnuz: bool = False,
+    max_gather_len: int | None = None,
+    *,
+    v41_layout: str = DEFAULT_V41_LAYOUT,
+) -> None:
+    """``dequantize_and_gather_k_cache`` through a Triton kernel where one runs on
+    ``out``'s device (cuda:triton, rocm, xpu), else the selected implementation:
+    the bytes are the same either way."""
+    dequantize_and_gather_k_cache(
+        out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, use_fnuz, max_gather_len,
+        v41_layout=v41_layout, _kernel_attribute="triton_source",
+    )
 
 
 def dequantize_and_gather_k_cache(
@@ -74,6 +149,9 @@ def dequantize_and_gather_k_cache(
     offset: int,
     use_fnuz: bool = False,
     max_gather_len: int | None = None,
+    *,
+    v41_layout: str = DEFAULT_V41_LAYOUT,
+    _kernel_attribute: str | None = None,
 ) -> None:
     """Dequantize and gather a paged K cache into ``out[r, offset:offset+n]`` (bf16).
 
@@ -82,7 +160,8 @@ def dequantize_and_gather_k_cache(
     ``gather_lens`` is None); other rows of ``out`` are left untouched.
     ``use_fnuz`` must match the writer of this cache (ignored for NVFP4).
     ``max_gather_len`` is accepted for vLLM compatibility; it only sized vLLM's
-    launch grid and changes nothing here.
+    launch grid and changes nothing here.  ``v41_layout`` (keyword-only) says
+    where the 528 / 288 records keep their scales (``dsv41.formats``).
     """
     c = Check("dequantize_and_gather_k_cache")
     c.tensor("out", out, dtype=torch.bfloat16, ndim=3)
@@ -110,10 +189,18 @@ def dequantize_and_gather_k_cache(
     c.flag("use_fnuz", use_fnuz)
     if max_gather_len is not None:
         c.integer("max_gather_len", max_gather_len, min_value=0)
+    c.choice("v41_layout", v41_layout, V41_LAYOUTS)
     if num_reqs == 0:
         return
     _ic.check_dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_table, block_size, offset)
-    _ops.dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, use_fnuz)
+    args = (
+        out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, use_fnuz,
+        interleaved_for(k_cache.shape[-1], v41_layout),
+    )
+    if _kernel_attribute is None:
+        _ops.dequantize_and_gather_k_cache(*args)
+    else:
+        _registry.preferred_kernel("dequantize_and_gather_k_cache", out.device.type, _kernel_attribute)(*args)
 
 
 def compute_global_topk_indices_and_lens(

@@ -155,7 +155,7 @@ def written_bytes(t: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------- builders
 
 
-def _quant_insert(width, fnuz, block_size=64, n=40, pad=512, nonfinite=False, seed=1):
+def _quant_insert(width, fnuz, block_size=64, n=40, pad=512, nonfinite=False, seed=1, interleaved=False):
     def build(device):
         nb = max(3, math.ceil(n / block_size) + 2)
         k = edge_rows(n + 4, 512, seed, nonfinite).to(BF16)
@@ -163,12 +163,12 @@ def _quant_insert(width, fnuz, block_size=64, n=40, pad=512, nonfinite=False, se
         cache = _paged(nb, block_size, width, pad)
         flat = cache.as_strided((nb, cache.stride(0)), (cache.stride(0), 1))
         slots = _slots(n, nb, block_size, seed, holes=(-1, -1, -3))
-        return _on(device, [k, flat, slots, block_size, fnuz, width])
+        return _on(device, [k, flat, slots, block_size, fnuz, width] + ([True] if interleaved else []))
 
     return build
 
 
-def _gather(width, fnuz, partial=False, noncontig=False, block_size=64, seed=2):
+def _gather(width, fnuz, partial=False, noncontig=False, block_size=64, seed=2, interleaved=False):
     def build(device):
         from .reference.k_cache import quantize_and_insert_k_cache as ref_insert
 
@@ -180,7 +180,7 @@ def _gather(width, fnuz, partial=False, noncontig=False, block_size=64, seed=2):
             _random_cache_bytes(cache[5:], seed)  # one page of random bytes: codes 0/255, NaN bytes
             rows = edge_rows(5 * block_size, 512, seed).to(BF16)
             flat = cache.as_strided((nb, cache.stride(0)), (cache.stride(0), 1))
-            ref_insert(rows, flat, torch.arange(5 * block_size, dtype=I64), block_size, fnuz, width)
+            ref_insert(rows, flat, torch.arange(5 * block_size, dtype=I64), block_size, fnuz, width, interleaved)
         seq = torch.tensor([block_size + 6, 2 * block_size + 9, 5, 0], dtype=I32)
         table = torch.tensor([[0, 2, 5, -1], [3, 1, 4, 5], [6, -1, -1, -1], [-1, -1, -1, -1]], dtype=I32)
         if noncontig:  # rows 9 apart in a wider table, entries never read are garbage
@@ -192,7 +192,7 @@ def _gather(width, fnuz, partial=False, noncontig=False, block_size=64, seed=2):
         rows_out = 2 * block_size + 9 + offset + 2
         out = torch.empty((4, rows_out, 512), dtype=BF16)
         out.view(torch.int16).fill_(-8531)  # 0xDEAD canary
-        return _on(device, [out, cache, seq, gl, table, block_size, offset, fnuz])
+        return _on(device, [out, cache, seq, gl, table, block_size, offset, fnuz] + ([True] if interleaved else []))
 
     return build
 
@@ -270,7 +270,7 @@ def _flashinfer(local=False, decode_comp=True, lens=True, spans=(None, None), d=
     return build
 
 
-def _save_compress(cr, seed=6, boundary=False):
+def _save_compress(cr, seed=6, boundary=False, prev=False):
     def build(device):
         g = _gen(seed)
         if cr == 1:
@@ -307,12 +307,33 @@ def _save_compress(cr, seed=6, boundary=False):
         state = torch.randn(4, cap, 1024, generator=g)
         latent = torch.full((t + 2, 512), float("nan"), dtype=BF16)
         w = (torch.rand(512, generator=g) + 0.5).to(BF16)
-        return _on(device, [kv, pos, state, slots, qsl, t2r, w, 1e-6, 2, latent])
+        args = [kv, pos, state, slots, qsl, t2r, w, 1e-6, 2, latent]
+        if prev:
+            # rows from other context-parallel ranks, rows 16 floats apart in a wider buffer;
+            # request 0 reads row 2, request 1 the ring (-1), request 2 row 0
+            wide = torch.randn(3, 1024 + 16, generator=g)
+            args += [wide[:, :1024], torch.tensor([2, -1, 0], dtype=I32)]
+        return _on(device, args)
 
     return build
 
 
-def _rope_insert(kind, cr, sanitize=False, nonfinite=False, cs_dtype=F32, seed=7, large_pos=False):
+def _save_ring_rows(n=10, seed=13):
+    def build(device):
+        g = _gen(seed)
+        cap = 4
+        wide = torch.randn(n + 1, 1024 + 32, generator=g)
+        rows = wide[:n, :1024]  # strided rows
+        slots = torch.randperm(3 * cap, generator=g)[:n].to(I64)
+        slots[1] = -1
+        slots[n - 2] = -7
+        state = torch.randn(3, cap, 1024, generator=g)
+        return _on(device, [rows, slots, state])
+
+    return build
+
+
+def _rope_insert(kind, cr, sanitize=False, nonfinite=False, cs_dtype=F32, seed=7, large_pos=False, interleaved=False):
     def build(device):
         n, bs, nb = 24, 64, 5
         latent = edge_rows(n + 2, 512, seed, nonfinite).to(BF16)
@@ -336,7 +357,7 @@ def _rope_insert(kind, cr, sanitize=False, nonfinite=False, cs_dtype=F32, seed=7
         else:
             cache = _paged(nb, bs, 512, 0, torch.float8_e4m3fn)
             scale = torch.tensor([0.0375], dtype=F32)
-        return _on(device, [latent, pos, cs, cache, slots, cr, scale, sanitize])
+        return _on(device, [latent, pos, cs, cache, slots, cr, scale, sanitize] + ([True] if interleaved else []))
 
     return build
 
@@ -439,6 +460,22 @@ def _all_cases() -> list[Case]:
             A(Case("dequantize_and_gather_k_cache", f"{w}-{f}-partial", _gather(w, fnuz, partial=True), (0,)))
         A(Case("dequantize_and_gather_k_cache", f"{w}-noncontig-table", _gather(w, False, noncontig=True), (0,)))
         A(Case("dequantize_and_gather_k_cache", f"{w}-b16", _gather(w, False, block_size=16, partial=True), (0,)))
+    # vLLM 0.33's interleaved V4.1 records (dsv41.formats)
+    for fnuz in (False, True):
+        f = "fnuz" if fnuz else "ocp"
+        A(Case("quantize_and_insert_k_cache", f"528-{f}-interleaved", _quant_insert(528, fnuz, interleaved=True), (1,)))
+    A(Case("quantize_and_insert_k_cache", "528-interleaved-b16-nopad",
+           _quant_insert(528, False, block_size=16, pad=0, n=50, interleaved=True), (1,)))
+    for w in (528, 288):
+        A(Case("dequantize_and_gather_k_cache", f"{w}-interleaved-full", _gather(w, False, interleaved=True), (0,)))
+        A(Case("dequantize_and_gather_k_cache", f"{w}-interleaved-partial",
+               _gather(w, False, partial=True, interleaved=True), (0,)))
+        A(Case("dequantize_and_gather_k_cache", f"{w}-interleaved-noncontig-table",
+               _gather(w, False, noncontig=True, interleaved=True), (0,)))
+        A(Case("dequantize_and_gather_k_cache", f"{w}-interleaved-b16",
+               _gather(w, False, block_size=16, partial=True, interleaved=True), (0,)))
+    A(Case("dequantize_and_gather_k_cache", "528-fnuz-interleaved-partial",
+           _gather(528, True, partial=True, interleaved=True), (0,)))
     A(Case("compute_global_topk_indices_and_lens", "basic", _global_topk(), (5, 6)))
     A(Case("compute_global_topk_indices_and_lens", "wide-1030", _global_topk(k=1030, noncontig=False), (5, 6)))
     A(Case("compute_global_topk_indices_and_lens", "empty", _global_topk(n=0), (5, 6)))
@@ -454,12 +491,21 @@ def _all_cases() -> list[Case]:
     A(Case("fused_save_compress_norm", "cr1", _save_compress(1), (9,)))
     A(Case("fused_save_compress_norm", "cr2-ring", _save_compress(2), (2, 9)))
     A(Case("fused_save_compress_norm", "cr2-boundary", _save_compress(2, seed=16, boundary=True), (2, 9)))
+    A(Case("fused_save_compress_norm", "cr2-prev-rows", _save_compress(2, prev=True), (2, 9)))
+    A(Case("fused_save_compress_norm", "cr2-boundary-prev-rows", _save_compress(2, seed=16, boundary=True, prev=True), (2, 9)))
+    A(Case("save_ring_rows", "basic", _save_ring_rows(), (2,)))
+    A(Case("save_ring_rows", "one-row", _save_ring_rows(n=3, seed=14), (2,)))
     for kind in (584, 528, 288, "bf16", "fp8"):
         for cr in (1, 2):
             A(Case("rope_quant_insert", f"{kind}-cr{cr}", _rope_insert(kind, cr), (3,)))
     for kind in (584, 528, 288):
         A(Case("rope_quant_insert", f"{kind}-nonfinite", _rope_insert(kind, 1, nonfinite=True), (3,)))
         A(Case("rope_quant_insert", f"{kind}-sanitize", _rope_insert(kind, 1, sanitize=True, nonfinite=True), (3,)))
+    for kind in (528, 288):
+        for cr in (1, 2):
+            A(Case("rope_quant_insert", f"{kind}-interleaved-cr{cr}", _rope_insert(kind, cr, interleaved=True), (3,)))
+        A(Case("rope_quant_insert", f"{kind}-interleaved-sanitize",
+               _rope_insert(kind, 1, sanitize=True, nonfinite=True, interleaved=True), (3,)))
     A(Case("rope_quant_insert", "528-bf16-cos-sin", _rope_insert(528, 1, cs_dtype=BF16), (3,)))
     A(Case("rope_quant_insert", "528-large-positions", _rope_insert(528, 2, large_pos=True), (3,)))
     for fp4 in (False, True):
@@ -498,16 +544,17 @@ CASES = _all_cases()
 # The pipeline ``python -m dsv41 check`` runs: insert -> gather -> sparse indices
 # -> indexer q/k -> inverse-RoPE quant, plus the module ops around them.
 PIPELINE = (
-    "quantize_and_insert_k_cache[528-ocp]",
+    "quantize_and_insert_k_cache[528-ocp-interleaved]",
     "quantize_and_insert_k_cache[584-ocp]",
-    "dequantize_and_gather_k_cache[528-ocp-partial]",
+    "dequantize_and_gather_k_cache[528-interleaved-partial]",
     "dequantize_and_gather_k_cache[584-ocp-full]",
-    "dequantize_and_gather_k_cache[288-ocp-full]",
+    "dequantize_and_gather_k_cache[288-interleaved-full]",
     "compute_global_topk_indices_and_lens[basic]",
     "combine_topk_swa_indices[cr4]",
     "build_flashinfer_mixed_sparse_indices[global]",
     "fused_save_compress_norm[cr2-ring]",
-    "rope_quant_insert[528-cr2]",
+    "save_ring_rows[basic]",
+    "rope_quant_insert[528-interleaved-cr2]",
     "indexer_k_norm_rope_store[fp8-rows-cr2]",
     "fused_indexer_q_rope_quant[fp8-ocp]",
     "fused_inv_rope_fp8_quant[fp32-scales]",

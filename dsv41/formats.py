@@ -1,11 +1,24 @@
 """Cache record formats and the layout descriptor every cache op works from.
 
 A paged cache is ``[num_blocks, block_size, width]`` uint8 (or a flattened
-``[num_blocks, page_bytes]`` view).  Inside one page the value region of all
-``block_size`` tokens comes first, then the scale region of all tokens, then
-untouched padding up to ``stride(0)`` (spec cache_ops.md §1).  The record width
-(``shape[-1]``) names the format; the fp8 flavour (OCP or FNUZ) and the ROCm
-tiling are properties of the *cache*, not of the machine, so they live here.
+``[num_blocks, page_bytes]`` view); bytes from ``block_size * width`` to
+``stride(0)`` are allocator padding, never touched.  The record width
+(``shape[-1]``) names the format; the fp8 flavour (OCP or FNUZ), the ROCm
+tiling and the place of the scales are properties of the *cache*, not of the
+machine, so they live here.
+
+Where a token's scales live (``v41_layout``, V4.1 records 528 and 288 only):
+
+* ``"interleaved"`` (the default; what the released vLLM 0.33 writes): each
+  token's record is contiguous — its value bytes at ``width * t``, its own
+  scale bytes right after them, at ``width * t + value_bytes``.
+* ``"paged"`` (vLLM's development snapshot, spec cache_ops.md §1): the value
+  region of all ``block_size`` tokens first, then the scale region of all
+  tokens — values at ``value_bytes * t``, scales at
+  ``block_size * value_bytes + scale_bytes * t``.
+
+The V4 584 record and the indexer records are always ``"paged"`` (both vLLM
+versions agree on them).  ``transcode_k_cache`` converts between the layouts.
 """
 
 from __future__ import annotations
@@ -29,6 +42,9 @@ __all__ = [
     "V41_NVFP4_BYTES_PER_TOKEN",
     "MXFP4_BLOCK_SIZE",
     "CacheLayout",
+    "V41_LAYOUTS",
+    "DEFAULT_V41_LAYOUT",
+    "interleaved_for",
     "record_for_width",
     "flavour_of",
     "TILE",
@@ -110,6 +126,18 @@ MXFP4_BLOCK_SIZE = 32
 TILE = 16
 
 
+# Scale placement of the V4.1 records (module docstring).  The default follows the
+# released vLLM, so dsv41 used as a drop-in for vLLM 0.33 writes and reads its caches.
+V41_LAYOUTS = ("interleaved", "paged")
+DEFAULT_V41_LAYOUT = "interleaved"
+_INTERLEAVABLE = (528, 288)
+
+
+def interleaved_for(width: int, v41_layout: str) -> bool:
+    """Whether a record of ``width`` bytes is stored interleaved under ``v41_layout``."""
+    return v41_layout == "interleaved" and int(width) in _INTERLEAVABLE
+
+
 def record_for_width(width: int) -> Record:
     try:
         return RECORDS[int(width)]
@@ -128,7 +156,8 @@ class CacheLayout:
     ``block_size * record.width`` (allocator padding, never touched).
     ``tiled`` selects ROCm's 16x16-tiled indexer FP8 values, or, for the
     MXFP4 indexer record, aiter's preshuffled layout with ``n_per_tile``
-    tokens per tile (spec rope_quant_ops.md §3.4).
+    tokens per tile (spec rope_quant_ops.md §3.4).  ``interleaved`` keeps each
+    token's scales right after its values (V4.1 records; module docstring).
     """
 
     record: Record
@@ -137,10 +166,13 @@ class CacheLayout:
     flavour: Fp8Flavour = Fp8Flavour.OCP
     tiled: bool = False
     n_per_tile: int = 0
+    interleaved: bool = False
 
     @property
     def scale_base(self) -> int:
-        """Byte offset of the scale region within a page."""
+        """Byte offset of the scale region within a page (of token 0's scales if interleaved)."""
+        if self.interleaved:
+            return self.record.value_bytes
         return self.block_size * self.record.value_bytes
 
     @property
@@ -150,6 +182,8 @@ class CacheLayout:
     def value_index(self, token: torch.Tensor, byte: torch.Tensor) -> torch.Tensor:
         """Byte offset within a page of value byte ``byte`` of page token ``token``."""
         vb = self.record.value_bytes
+        if self.interleaved:
+            return token * self.record.width + byte
         if not self.tiled:
             return token * vb + byte
         if self.record is INDEXER_FP8:
@@ -162,6 +196,8 @@ class CacheLayout:
     def scale_index(self, token: torch.Tensor, byte: torch.Tensor) -> torch.Tensor:
         """Byte offset within a page of scale byte ``byte`` of page token ``token``."""
         sb = self.record.scale_bytes
+        if self.interleaved:
+            return self.scale_base + token * self.record.width + byte
         if self.tiled and self.record is INDEXER_MXFP4:
             n = self.n_per_tile
             s_lo = 64 // n

@@ -9,8 +9,9 @@ from . import _library  # noqa: F401
 from . import index_checks as _ic
 from . import platform as _platform
 from ._validate import INT_INDEX, Check
+from .formats import DEFAULT_V41_LAYOUT, V41_LAYOUTS, interleaved_for
 
-__all__ = ["fused_save_compress_norm", "rope_quant_insert"]
+__all__ = ["fused_save_compress_norm", "save_ring_rows", "rope_quant_insert"]
 
 _ops = torch.ops.dsv41
 
@@ -26,6 +27,8 @@ def fused_save_compress_norm(
     rms_norm_eps: float,
     compress_ratio: int,
     latent_out: torch.Tensor,
+    prev_rows: torch.Tensor | None = None,
+    prev_row_indices: torch.Tensor | None = None,
 ) -> None:
     """Pool (CR 2: softmax over a position pair), RMSNorm and save ring state.
 
@@ -33,6 +36,12 @@ def fused_save_compress_norm(
     compression group and has a slot >= 0; CR 2 also copies the chunk's last
     ``capacity`` kv/score rows into the request's ring in ``state_cache``.
     Rows not written keep their previous contents.
+
+    ``prev_rows`` (fp32 ``[rows, 1024]``, CR 2; e.g. rows gathered from other
+    context-parallel ranks) with ``prev_row_indices`` (``[>= num_reqs]``): request
+    r's first token pools with ``prev_rows[prev_row_indices[r]]`` instead of its
+    ring row where that index is >= 0, and the ring is not written — the caller
+    stores it with ``save_ring_rows``.  Both are ignored for CR 1.
     """
     c = Check("fused_save_compress_norm")
     c.integer("compress_ratio", compress_ratio, choices=(1, 2))
@@ -66,15 +75,51 @@ def fused_save_compress_norm(
         c.tensor("token_to_req_indices", token_to_req_indices, dtype=torch.int32, ndim=1)
         c.contiguous("token_to_req_indices", token_to_req_indices)
         c.size("token_to_req_indices", token_to_req_indices, 0, at_least=t)
+        if prev_rows is not None or prev_row_indices is not None:
+            c.tensor("prev_rows", prev_rows, dtype=torch.float32, ndim=2)
+            c.size("prev_rows", prev_rows, 1, expected=1024)
+            c.stride("prev_rows", prev_rows, 1, expected=1)
+            c.stride("prev_rows", prev_rows, 0, multiple_of=16)
+            c.tensor("prev_row_indices", prev_row_indices, dtype=INT_INDEX, ndim=1)
+            c.contiguous("prev_row_indices", prev_row_indices)
+            c.size("prev_row_indices", prev_row_indices, 0, at_least=query_start_loc.shape[0] - 1)
     else:
         state_cache = query_start_loc = token_to_req_indices = None  # CR 1 keeps no state
+        prev_rows = prev_row_indices = None
     if t == 0:
         return
-    _ic.check_fused_save_compress_norm(positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices, compress_ratio)
+    _ic.check_fused_save_compress_norm(
+        positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices, compress_ratio,
+        prev_rows, prev_row_indices,
+    )
     _ops.fused_save_compress_norm(
         kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices,
-        rms_norm_weight, eps, compress_ratio, latent_out,
+        rms_norm_weight, eps, compress_ratio, latent_out, prev_rows, prev_row_indices,
     )
+
+
+def save_ring_rows(rows: torch.Tensor, slot_mapping: torch.Tensor, state_cache: torch.Tensor) -> None:
+    """Store fp32 ``[kv | score]`` rows (``[N, 1024]``) to their ring slots.
+
+    Row i goes to ``state_cache[s // capacity, s % capacity]`` for ``s =
+    slot_mapping[i] >= 0``; a negative slot skips the row.  This is the ring
+    update ``fused_save_compress_norm`` leaves to the caller when given
+    ``prev_rows``.  Two rows with one slot: which one stays is unspecified.
+    """
+    c = Check("save_ring_rows")
+    c.tensor("rows", rows, dtype=torch.float32, ndim=2)
+    c.size("rows", rows, 1, expected=1024)
+    c.stride("rows", rows, 1, expected=1)
+    c.tensor("slot_mapping", slot_mapping, dtype=INT_INDEX, ndim=1)
+    c.size("slot_mapping", slot_mapping, 0, expected=rows.shape[0])
+    c.contiguous("slot_mapping", slot_mapping)
+    c.tensor("state_cache", state_cache, dtype=torch.float32, ndim=3)
+    c.size("state_cache", state_cache, 2, expected=1024)
+    c.stride("state_cache", state_cache, 2, expected=1)
+    if rows.shape[0] == 0:
+        return
+    _ic.check_save_ring_rows(rows, slot_mapping, state_cache)
+    _ops.save_ring_rows(rows, slot_mapping, state_cache)
 
 
 def rope_quant_insert(
@@ -87,6 +132,7 @@ def rope_quant_insert(
     fp8_scale: torch.Tensor | None = None,
     *,
     sanitize_nans: bool | None = None,
+    v41_layout: str = DEFAULT_V41_LAYOUT,
 ) -> None:
     """RoPE + quantize the compressed latent and write it into the compressed cache.
 
@@ -96,6 +142,8 @@ def rope_quant_insert(
     that do not close a compression group are skipped.  ``sanitize_nans``
     (keyword-only, default: on for gfx950, which reads scale code 255 as NaN)
     clamps scale codes to 254 and replaces NaN rotated values by 0.
+    ``v41_layout`` (keyword-only) places the 528 / 288 records' scales:
+    ``"interleaved"`` (vLLM 0.33, the default) or ``"paged"`` (``dsv41.formats``).
     """
     c = Check("rope_quant_insert")
     c.integer("compress_ratio", compress_ratio, choices=(1, 2))
@@ -127,7 +175,11 @@ def rope_quant_insert(
     if sanitize_nans is None:
         sanitize_nans = _platform.probe().arch == "gfx950"
     c.flag("sanitize_nans", sanitize_nans)
+    c.choice("v41_layout", v41_layout, V41_LAYOUTS)
     if t == 0:
         return
+    interleaved = kv_cache.dtype == torch.uint8 and interleaved_for(kv_cache.shape[2], v41_layout)
     _ic.check_rope_quant_insert(positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio)
-    _ops.rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio, fp8_scale, sanitize_nans)
+    _ops.rope_quant_insert(
+        latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio, fp8_scale, sanitize_nans, interleaved
+    )

@@ -23,17 +23,21 @@ __all__ = [
     "Q_CHUNK",
     "O_CHUNK",
     "O_HEADS_PER_GROUP",
+    "WV_GROUP_SIZE",
     "q_fused_permutation",
     "o_fused_permutation",
     "o_fused_chunk_permutation",
     "apply_q_fused_permutation",
     "apply_o_fused_permutation",
+    "permute_q_to_fused",
+    "permute_on_load",
 ]
 
 HEAD_DIM = 512  # FlashMLA head dim of V4.1
 Q_CHUNK = 16  # §6.1: Q is stored as 32 chunks of [H, 16]
 O_CHUNK = 32  # §6.2: O chunks of 32 = the MXFP8 scale block
 O_HEADS_PER_GROUP = 8  # §6.2: heads per wo_a group
+WV_GROUP_SIZE = O_HEADS_PER_GROUP  # vLLM 0.33's name for it
 
 
 # --------------------------------------------------------------------------- validation
@@ -210,3 +214,43 @@ def apply_o_fused_permutation(
         chunk_perm = perm[::O_CHUNK] // O_CHUNK
         new_scale = _permute_bits(scale, scale.dim() - 1, chunk_perm)
     return new_weight, new_scale
+
+
+# --------------------------------------------------------------------------- vLLM 0.33 helpers
+
+
+def permute_q_to_fused(q: torch.Tensor) -> torch.Tensor:
+    """``[N, H, D]`` Q in the standard layout -> a new tensor of the same shape in the fused
+    layout of §6.1 (bits moved, never converted)."""
+    fn = "permute_q_to_fused"
+    _check_tensor(fn, "q", q, 3)
+    if q.dim() != 3:
+        raise ValueError(f"{fn}: q must be [N, H, D], got shape {tuple(q.shape)}")
+    n, h, d = q.shape
+    _check_divides(fn, d, Q_CHUNK)
+    perm = q_fused_permutation(h, d, Q_CHUNK, device=q.device)
+    return _permute_bits(q.reshape(n, h * d), 1, perm).view(n, h, d)
+
+
+def permute_on_load(param: torch.Tensor, perm: torch.Tensor, dim: int) -> None:
+    """Make ``param``'s ``weight_loader`` permute what it loaded: after the original loader
+    has filled ``param``, ``param`` becomes ``param.index_select(dim, perm)`` (bits moved, so
+    fp8 and ue8m0 parameters are fine).  ``perm`` is one of this module's permutations."""
+    fn = "permute_on_load"
+    _check_tensor(fn, "param", param, 1)
+    _check_tensor(fn, "perm", perm, 1)
+    dim = _check_int(fn, "dim", dim, minimum=-param.dim())
+    if not -param.dim() <= dim < param.dim():
+        raise ValueError(f"{fn}: dim must be in [{-param.dim()}, {param.dim()}), got {dim}")
+    if perm.numel() != param.shape[dim]:
+        raise ValueError(f"{fn}: perm has {perm.numel()} entries, param.shape[{dim}] is {param.shape[dim]}")
+    loader = getattr(param, "weight_loader", None)
+    if not callable(loader):
+        raise TypeError(f"{fn}: param has no callable weight_loader attribute")
+    axis = dim % param.dim()
+
+    def load_then_permute(p, loaded_weight, *args, **kwargs):
+        loader(p, loaded_weight, *args, **kwargs)
+        p.data.copy_(_permute_bits(p.data, axis, perm))
+
+    param.weight_loader = load_then_permute

@@ -58,6 +58,7 @@ __all__ = [
     "check_fused_inv_rope_fp8_quant",
     "check_fused_q_kv_rmsnorm_quant",
     "check_fused_save_compress_norm",
+    "check_save_ring_rows",
     "check_indexer_k_norm_rope_store",
     "check_kernel_args",
     "check_pad_fused_q_heads",
@@ -432,11 +433,13 @@ def check_build_flashinfer_mixed_sparse_indices(
 # --------------------------------------------------------------------------- fused_compress_quant_cache
 
 
-def check_fused_save_compress_norm(positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices, compress_ratio) -> None:
+def check_fused_save_compress_norm(positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices, compress_ratio,
+                                   prev_rows=None, prev_row_indices=None) -> None:
     """CR 2 only (CR 1 reads no index: any slot >= 0 just marks a valid token):
     ring slots ``< state_cache.shape[0] * capacity``, ``token_to_req_indices`` in
     ``[0, num_reqs)``, ``query_start_loc`` non-decreasing from >= 0 up to ``<= T``, every
-    token with a slot inside its request's chunk, and its position >= 0."""
+    token with a slot inside its request's chunk, its position >= 0, and
+    ``prev_row_indices[:num_reqs] < prev_rows.shape[0]`` (negative: read the ring)."""
     if not _active() or compress_ratio != 2:
         return
     ch = _Checks("fused_save_compress_norm")
@@ -461,6 +464,22 @@ def check_fused_save_compress_norm(positions, state_cache, slot_mapping, query_s
                "the request whose query_start_loc range holds the token", what="request index")
     p = positions.reshape(-1)[:T].to(_I64)
     ch.add("positions", valid & (p < 0), p, "a position >= 0 for every token with a slot", what="value")
+    if prev_rows is not None and R > 0:
+        pi = prev_row_indices[:R].to(_I64)
+        ch.add("prev_row_indices", pi >= prev_rows.shape[0], pi,
+               f"a negative value (read the ring) or a row < prev_rows.shape[0] = {prev_rows.shape[0]}", what="value")
+    ch.run()
+
+
+def check_save_ring_rows(rows, slot_mapping, state_cache) -> None:
+    """Slots >= 0 ``< state_cache.shape[0] * capacity``."""
+    if not _active():
+        return
+    ch = _Checks("save_ring_rows")
+    nb, cap = state_cache.shape[0], state_cache.shape[1]
+    s = slot_mapping.to(_I64)
+    ch.add("slot_mapping", (s >= 0) & (s >= nb * cap), s,
+           f"a negative value (skip) or a ring slot < state_cache.shape[0]*capacity ({nb}*{cap}) = {nb * cap}")
     ch.run()
 
 
@@ -564,7 +583,9 @@ def check_kernel_args(op: str, args: list) -> None:
     elif op == "build_flashinfer_mixed_sparse_indices":
         check_build_flashinfer_mixed_sparse_indices(*a[:16], replay_start=a[18])
     elif op == "fused_save_compress_norm":
-        check_fused_save_compress_norm(a[1], a[2], a[3], a[4], a[5], a[8])
+        check_fused_save_compress_norm(a[1], a[2], a[3], a[4], a[5], a[8], *a[10:12])
+    elif op == "save_ring_rows":
+        check_save_ring_rows(a[0], a[1], a[2])
     elif op == "rope_quant_insert":
         check_rope_quant_insert(a[1], a[2], a[3], a[4], a[5])
     elif op == "indexer_k_norm_rope_store":

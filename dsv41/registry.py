@@ -46,6 +46,7 @@ OPS = (
     "combine_topk_swa_indices",
     "build_flashinfer_mixed_sparse_indices",
     "fused_save_compress_norm",
+    "save_ring_rows",
     "rope_quant_insert",
     "indexer_k_norm_rope_store",
     "fused_indexer_q_rope_quant",
@@ -238,9 +239,32 @@ def kernel(op: str, device_type: str) -> Callable:
     return entry[1]
 
 
+_preferred: dict = {}
+
+
+def preferred_kernel(op: str, device_type: str, attribute: str) -> Callable:
+    """The kernel of the first backend (in ``op``'s order) that runs ``op`` on ``device_type``
+    and whose sheet sets ``attribute`` (e.g. ``triton_source``); the selected kernel when none
+    does.  Computed once per (op, device type, attribute)."""
+    key = (op, device_type, attribute)
+    fn = _preferred.get(key)
+    if fn is None:
+        res = resolve(op)
+        fn = kernel(op, device_type)
+        plat = _platform.probe()
+        for b in candidates(op, plat):
+            if getattr(b, attribute, False) and b.device_type == device_type and not res.forced:
+                if not b.reasons(op, plat):
+                    fn = b.load(op)
+                    break
+        _preferred[key] = fn
+    return fn
+
+
 def reset() -> None:
     """Forget all resolutions and the platform probe (for tests that change the environment)."""
     with _lock:
         _resolved.clear()
+        _preferred.clear()
     _platform.reset()
     _env.reset()

@@ -1,8 +1,18 @@
-"""Convert paged K caches between the OCP (e4m3fn) and FNUZ (e4m3fnuz) fp8 flavours.
+"""Convert paged K caches between the OCP (e4m3fn) and FNUZ (e4m3fnuz) fp8 flavours, and
+between the two places of the V4.1 records' scales.
 
-``transcode_k_cache(src, dst, block_ids, src_fnuz, dst_fnuz, block_size=None, *, tiled=None)``
-rewrites the listed pages of ``src`` into the same pages of ``dst`` (``dst`` may be ``src``)
-for every record that holds fp8:
+``transcode_k_cache(src, dst, block_ids, src_fnuz, dst_fnuz, block_size=None, *, tiled=None,
+src_v41_layout="interleaved", dst_v41_layout="interleaved")`` rewrites the listed pages of
+``src`` into the same pages of ``dst`` (``dst`` may be ``src``).
+
+Layouts (528 and 288 records; ``dsv41.formats``): ``"interleaved"`` is what vLLM 0.33 writes,
+``"paged"`` what its development snapshot writes.  With different ``src_v41_layout`` and
+``dst_v41_layout`` every record byte moves to its place in the other layout (values and
+scales unchanged unless the flavour changes too), so a cache written by one vLLM version
+becomes readable by the other.  The 288 record (NVFP4, no fp8 values, e4m3 scales in OCP)
+can only change layout.
+
+Flavours, for every record that holds fp8:
 
 * 584 (V4): 448 e4m3 dims in 7 groups of 64, one ue8m0 code each; the 64 bf16 RoPE dims
   and the pad scale byte are copied verbatim;
@@ -96,7 +106,7 @@ from . import platform as _platform
 from . import index_checks as _ic
 from . import registry
 from ._validate import INT_INDEX, Check
-from .formats import INDEXER_FP8, RECORDS, TILE
+from .formats import DEFAULT_V41_LAYOUT, INDEXER_FP8, RECORDS, TILE, V41_LAYOUTS, V41_NVFP4, CacheLayout, interleaved_for
 
 __all__ = ["transcode_k_cache", "conformance_cases"]
 
@@ -151,6 +161,8 @@ def transcode_k_cache(
     block_size: int | None = None,
     *,
     tiled: bool | None = None,
+    src_v41_layout: str = DEFAULT_V41_LAYOUT,
+    dst_v41_layout: str = DEFAULT_V41_LAYOUT,
 ) -> None:
     """Rewrite pages ``block_ids`` of the paged K cache ``src`` (fp8 flavour ``src_fnuz``) into
     the same pages of ``dst`` in flavour ``dst_fnuz`` (rules: module docstring).
@@ -160,6 +172,8 @@ def transcode_k_cache(
         and W = page_bytes / block_size); page strides may differ.  ``dst`` may be ``src``.
     block_ids: int32 / int64 ``[N]`` page indices; −1 (any negative) skips.
     tiled: the 132 record's ROCm 16x16 tiled layout (keyword-only; default: ROCm and B > 1).
+    src_v41_layout, dst_v41_layout: where the 528 / 288 records keep their scales in each
+        cache, ``"interleaved"`` or ``"paged"`` (keyword-only; ignored for other records).
     """
     c = Check(OP)
     c.tensor("src", src, dtype=torch.uint8, ndim=(2, 3))
@@ -189,7 +203,14 @@ def transcode_k_cache(
                 f"shape {tuple(src.shape)}",
             )
         width = src.shape[1] // block_size
-    if width not in FP8_WIDTHS:
+    c.choice("src_v41_layout", src_v41_layout, V41_LAYOUTS)
+    c.choice("dst_v41_layout", dst_v41_layout, V41_LAYOUTS)
+    src_il, dst_il = interleaved_for(width, src_v41_layout), interleaved_for(width, dst_v41_layout)
+    relayout = width == V41_NVFP4.width and src_il != dst_il
+    if relayout and (src_fnuz or dst_fnuz):
+        c.fail("src_fnuz", "False with dst_fnuz False for the 288-byte record (NVFP4 has no FNUZ flavour)",
+               f"src_fnuz={src_fnuz}, dst_fnuz={dst_fnuz}")
+    if width not in FP8_WIDTHS and not relayout:
         holds = "; 288 (NVFP4) and 68 (MXFP4) hold no fp8" if width in RECORDS else ""
         c.fail(
             "src",
@@ -220,7 +241,60 @@ def transcode_k_cache(
     if block_ids.shape[0] == 0:
         return
     _ic.check_transcode_k_cache(src, dst, block_ids)
-    torch.ops.dsv41.transcode_k_cache(src, dst, block_ids, block_size, width, src_fnuz, dst_fnuz, tiled)
+    if not (src_il or dst_il):
+        torch.ops.dsv41.transcode_k_cache(src, dst, block_ids, block_size, width, src_fnuz, dst_fnuz, tiled)
+        return
+    _relayout_op(src, dst, block_ids, block_size, width, src_fnuz, dst_fnuz, src_il, dst_il)
+
+
+def _record_order(width: int, block_size: int, interleaved: bool) -> Tensor:
+    """For each record byte of a page in the paged layout (value bytes of every token, then
+    scale bytes of every token), its offset in the page under ``interleaved``."""
+    rec = RECORDS[width]
+    lay = CacheLayout(rec, block_size, block_size * width, interleaved=interleaved)
+    t = torch.arange(block_size).unsqueeze(1)
+    v = lay.value_index(t, torch.arange(rec.value_bytes).unsqueeze(0)).reshape(-1)
+    s = lay.scale_index(t, torch.arange(rec.scale_bytes).unsqueeze(0)).reshape(-1)
+    return torch.cat((v, s))
+
+
+def _pages(cache: Tensor, block_size: int, width: int) -> Tensor:
+    """``[num_blocks, block_size * width]`` view of every page's record bytes."""
+    return cache.as_strided((cache.shape[0], block_size * width), (cache.stride(0), 1), cache.storage_offset())
+
+
+# An opaque op (like every dispatched op) so that torch.compile sees one call, not the
+# data-dependent page selection inside.
+@torch.library.custom_op("dsv41::transcode_k_cache_interleaved", mutates_args=("dst",))
+def _relayout_op(
+    src: Tensor, dst: Tensor, block_ids: Tensor, block_size: int, width: int, src_fnuz: bool, dst_fnuz: bool,
+    src_il: bool, dst_il: bool,
+) -> None:
+    """Pages with interleaved records on either side: gather the listed pages into paged order,
+    convert the flavour there with the selected kernel (paged records), scatter into ``dst``'s
+    layout.  Pure byte moves around the kernel, so every device runs it; it costs two extra
+    copies of the listed pages (a transcode runs when a cache changes hands, not per step)."""
+    nb = min(src.shape[0], dst.shape[0])
+    ids = block_ids.to(src.device, torch.int64)
+    ids = ids[(ids >= 0) & (ids < nb)]
+    if ids.numel() == 0:
+        return
+    order_src = _record_order(width, block_size, src_il).to(src.device)
+    order_dst = _record_order(width, block_size, dst_il).to(dst.device)
+    paged = _pages(src, block_size, width)[ids][:, order_src].contiguous()
+    if width in FP8_WIDTHS and src_fnuz != dst_fnuz:
+        pages = paged.view(ids.numel(), block_size, width)
+        local = torch.arange(ids.numel(), dtype=torch.int64, device=src.device)
+        torch.ops.dsv41.transcode_k_cache(pages, pages, local, block_size, width, src_fnuz, dst_fnuz, False)
+    out = _pages(dst, block_size, width)
+    rows = out[ids]
+    rows[:, order_dst] = paged.to(dst.device)
+    out[ids] = rows
+
+
+@_relayout_op.register_fake
+def _(*args, **kwargs):
+    return None
 
 
 # --------------------------------------------------------------------------------------
@@ -268,6 +342,8 @@ def _edge_cache(width: int, block_size: int, pad: int, num_blocks: int, seed: in
 
 
 def _case(width, src_fnuz, dst_fnuz, block_size=16, pad=64, tiled=False, ids_dtype=torch.int32, seed=3):
+    """Kernel-contract case: paged records on both sides (interleaved ones are byte moves
+    around this kernel, tested in tests/test_transcode.py)."""
     def build(device):
         from .conformance import _on
 

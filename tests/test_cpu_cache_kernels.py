@@ -12,6 +12,9 @@ pure-PyTorch reference, byte for byte.
   NaN / ±inf, values at the fp8 max, zeros and -0, exact e4m3 / e2m1 rounding ties, huge and
   tiny rows, empty batches, strided inputs.  Every output is compared through its whole
   backing storage, from identical canaries.
+* The interleaved 528 / 288 records (vLLM 0.33): insert / gather / rope_quant_insert with
+  ``interleaved=True`` equal the paged results permuted into interleaved positions, byte for
+  byte, padding included (and the reference, where it takes ``interleaved``).
 * The golden vectors of these four ops (vLLM's Triton kernels on an H200).
 * The portable C++ path (built without -march=native, so without AVX-512): the same file
   re-run in a subprocess with DSV41_CPU_MARCH=none.
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import inspect
 import io
 import os
 import subprocess
@@ -496,6 +500,145 @@ def test_rope_quant_insert_int32_positions_and_empty():
     before = _storage(cache)
     cache_ops.rope_quant_insert(latent, positions, cs, cache, torch.empty(0, dtype=I64), 1, None, False)
     assert torch.equal(_storage(cache), before)
+
+
+# ----------------------------------------------------------------------------- interleaved 528 / 288
+
+
+_VB = {528: 512, 288: 256}  # value bytes per token; the rest of the record are its scales
+
+
+def _ref_has(fn, name: str) -> bool:
+    return name in inspect.signature(fn).parameters
+
+
+def _interleave(cache: torch.Tensor, B: int, W: int) -> torch.Tensor:
+    """A copy of ``cache`` (same view over a cloned storage; ``[nb, B, W]`` or a flat
+    ``[nb, page]`` view) whose used page bytes are
+    rearranged from the paged layout (all values, then all scales) into the interleaved one
+    (each token's values followed by its scales); padding and bytes outside pages keep theirs."""
+    out = _clone_view(cache)
+    nb, vb = cache.shape[0], _VB[W]
+    src = cache.as_strided((nb, B * W), (cache.stride(0), 1), cache.storage_offset())
+    dst = out.as_strided((nb, B * W), (out.stride(0), 1), out.storage_offset())
+    vals = src[:, : B * vb].reshape(nb, B, vb)
+    scales = src[:, B * vb :].reshape(nb, B, W - vb)
+    dst.copy_(torch.cat((vals, scales), dim=-1).reshape(nb, B * W))
+    return out
+
+
+def _random_pages(cache: torch.Tensor, B: int, W: int, gen) -> None:
+    pages = cache.as_strided((cache.shape[0], B * W), (cache.stride(0), 1), cache.storage_offset())
+    pages.copy_(torch.randint(0, 256, pages.shape, generator=gen, dtype=I32).to(U8))
+
+
+def test_interleave_helper_places_bytes():
+    """The test's own permutation against the layout formulas, byte by byte."""
+    B, W, nb = 4, 288, 2
+    cache = _paged(nb, B, W, pad=40)
+    _random_pages(cache, B, W, torch.Generator().manual_seed(0))
+    il = _interleave(cache, B, W)
+    vb, sb = 256, 32
+    flat_p, flat_i = _storage(cache), _storage(il)
+    base0 = cache.storage_offset()
+    for blk in range(nb):
+        base = base0 + blk * cache.stride(0)
+        for t in range(B):
+            for j in (0, 1, vb - 1):
+                assert flat_i[base + W * t + j] == flat_p[base + vb * t + j]
+            for j in (0, sb - 1):
+                assert flat_i[base + W * t + vb + j] == flat_p[base + B * vb + sb * t + j]
+    pad_lo = base0 + B * W
+    assert torch.equal(flat_i[pad_lo : pad_lo + 40], flat_p[pad_lo : pad_lo + 40])
+
+
+@pytest.mark.parametrize("fnuz", [False, True])
+@pytest.mark.parametrize("B", [16, 64])
+@pytest.mark.parametrize("flat", [False, True])
+def test_quantize_insert_interleaved(fnuz, B, flat):
+    """Interleaved insert == paged insert with every page permuted into interleaved order, from
+    random page bytes (untouched records and page padding must survive)."""
+    W = 528
+    gen = torch.Generator().manual_seed(101 + B + 7 * fnuz + 3 * flat)
+    nb, T = 7, 5 * B // 2 + 3
+    rows = _rows(T + 4, 512, gen)
+    rows[T:] = NAN
+    cache = _paged(nb, B, W, pad=512, flat=flat)
+    _random_pages(cache, B, W, gen)
+    slots = _slots(gen, nb, B, T)
+    paged = _clone_view(cache)
+    cache_ops.quantize_and_insert_k_cache(rows, paged, slots, B, fnuz, W)
+    il = _interleave(cache, B, W)
+    assert cache_ops.quantize_and_insert_k_cache(rows, il, slots, B, fnuz, W, True) is None
+    _assert_same_storage(il, _interleave(paged, B, W), f"interleaved insert B={B}")
+    if _ref_has(ref_k.quantize_and_insert_k_cache, "interleaved"):
+        _run_both(cache_ops.quantize_and_insert_k_cache, ref_k.quantize_and_insert_k_cache,
+                  [rows, _interleave(cache, B, W),
+                   slots, B, fnuz, W, True], 1, "interleaved insert vs reference")
+
+
+@pytest.mark.parametrize("W", [528, 288])
+@pytest.mark.parametrize("fnuz", [False, True])
+@pytest.mark.parametrize("B", [16, 64])
+def test_gather_interleaved(W, fnuz, B):
+    """Gathering interleaved records gives the bytes the paged gather gives for the same
+    records; the cache is not written."""
+    if W == 288 and fnuz:
+        pytest.skip("NVFP4 ignores use_fnuz")
+    for from_writer in (False, True):
+        gen = torch.Generator().manual_seed(W + B + fnuz + 5 * from_writer)
+        args = _gather_case(gen, W, B, fnuz, from_writer, "short", 3)
+        out_p = _clone_view(args[0])
+        cache_ops.dequantize_and_gather_k_cache(out_p, *args[1:])
+        il = _interleave(args[1], B, W)
+        before = _storage(il)
+        out_i = _clone_view(args[0])
+        assert cache_ops.dequantize_and_gather_k_cache(out_i, il, *args[2:], True) is None
+        _assert_same_storage(out_i, out_p, f"interleaved gather {W}")
+        assert torch.equal(_storage(il), before)
+        if _ref_has(ref_k.dequantize_and_gather_k_cache, "interleaved"):
+            _run_both(cache_ops.dequantize_and_gather_k_cache, ref_k.dequantize_and_gather_k_cache,
+                      [args[0], il, *args[2:], True], 0, f"interleaved gather {W} vs reference")
+
+
+@pytest.mark.parametrize("W", [528, 288])
+@pytest.mark.parametrize("CR", [1, 2])
+@pytest.mark.parametrize("sanitize", [False, True])
+def test_rope_quant_insert_interleaved(W, CR, sanitize):
+    gen = torch.Generator().manual_seed(W * 5 + CR + 2 * sanitize)
+    B, nb = (16 if CR == 1 else 64), 6
+    T = nb * B // 2 + 5
+    latent = _rows(T + 2, 512, gen)
+    positions = torch.randint(0, 300, (T + 2,), generator=gen, dtype=I64)
+    slots = _slots(gen, nb, B, T, neg=(-1, -5))
+    cs = _cos_sin(gen, 320, F32, True)
+    cache = _paged(nb, B, W, pad=512)
+    _random_pages(cache, B, W, gen)
+    paged = _clone_view(cache)
+    cache_ops.rope_quant_insert(latent, positions, cs, paged, slots, CR, None, sanitize)
+    il = _interleave(cache, B, W)
+    assert cache_ops.rope_quant_insert(latent, positions, cs, il, slots, CR, None, sanitize, True) is None
+    _assert_same_storage(il, _interleave(paged, B, W), f"interleaved rope_quant_insert {W}")
+    if _ref_has(ref_compress.rope_quant_insert, "interleaved"):
+        _run_both(cache_ops.rope_quant_insert, ref_compress.rope_quant_insert,
+                  [latent, positions, cs, _interleave(cache, B, W), slots, CR, None, sanitize, True], 3,
+                  f"interleaved rope_quant_insert {W} vs reference")
+
+
+def test_interleaved_parallel_and_584_rejected():
+    """Enough tokens for the OpenMP path; the 584 record has no interleaved layout."""
+    gen = torch.Generator().manual_seed(5)
+    B, nb, T = 64, 12, 700
+    rows = _rows(T, 512, gen, nonfinite=False)
+    slots = _slots(gen, nb, B, T)
+    cache = _paged(nb, B, 528, pad=64)
+    paged = _clone_view(cache)
+    cache_ops.quantize_and_insert_k_cache(rows, paged, slots, B, False, 528)
+    il = _interleave(cache, B, 528)
+    cache_ops.quantize_and_insert_k_cache(rows, il, slots, B, False, 528, True)
+    _assert_same_storage(il, _interleave(paged, B, 528), "interleaved insert parallel")
+    with pytest.raises(ValueError):
+        cache_ops.quantize_and_insert_k_cache(rows, _paged(nb, B, 584, pad=0), slots, B, False, 584, True)
 
 
 # ----------------------------------------------------------------------------- indexer_k_norm_rope_store

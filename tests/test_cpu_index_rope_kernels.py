@@ -5,6 +5,9 @@ against the pure-PyTorch reference, byte for byte.
   compute_global_topk_indices_and_lens, combine_topk_swa_indices,
   build_flashinfer_mixed_sparse_indices, fused_save_compress_norm,
   fused_indexer_q_rope_quant and fused_inv_rope_fp8_quant, whole output storages compared.
+* fused_save_compress_norm's prev_rows / prev_row_indices (CR 2: a chunk's first token pools
+  with prev_rows[idx] where idx >= 0; the ring is then never written) and save_ring_rows,
+  against the reference where it has them, else against expectations built from it.
 * Random inputs with edge cases (−1 entries, empty batches, non-contiguous block tables,
   int32 wrap-around, ±0, NaN / ±inf, fp8-max and rounding-tie values, FNUZ, MXFP4, every
   inverse-RoPE scale layout), run through the reference and the CPU kernel from identical
@@ -14,6 +17,7 @@ against the pure-PyTorch reference, byte for byte.
 from __future__ import annotations
 
 import functools
+import inspect
 import io
 import os
 import tarfile
@@ -616,6 +620,119 @@ def test_save_compress_norm_cr2_ring_collisions_and_views():
     lat = torch.full((11, 512), float("nan"), dtype=BF16)
     _run_both(ref_compress.fused_save_compress_norm, ops.fused_save_compress_norm,
               [kv, pos.to(I32), state, slot.to(I32), qsl, t2r, w.float(), 1e-5, 2, lat], [2, 9], "cr2 int32")
+
+
+def _ref_takes(fn, name: str) -> bool:
+    return name in inspect.signature(fn).parameters
+
+
+def _prev_rows_case(g, R, cap, kinds=("normal", "large", "nonfinite")):
+    """A CR-2 batch plus prev_rows (a strided fp32 view) and per-request indices: some
+    requests take a row (in any order), some -1 (the ring); one entry more than num_reqs."""
+    kv, pos, state, slot, qsl, t2r = _cr2_case(g, list(kinds), R, cap, R + 2)
+    P = R + 3
+    prev = _kv_rows(g, P, 1040, list(kinds))[:, 8:1032]  # row stride 1040
+    idx = torch.randperm(P, generator=g)[: R + 1].to(I32)
+    idx[torch.rand(R + 1, generator=g) < 0.3] = -1
+    return kv, pos, state, slot, qsl, t2r, prev, idx
+
+
+def _expected_prev_rows(kv, pos, state, slot, qsl, t2r, w, eps, lat, prev, idx):
+    """The prev_rows semantics through today's reference: a chunk's first token that closes a
+    group reads prev[idx[r]] where idx[r] >= 0, i.e. the reference run on a ring whose row
+    (slot // cap, (pos - 1) % cap) holds that row; the ring itself is never written."""
+    ring = state.clone()
+    cap = state.shape[1]
+    for r in range(qsl.numel() - 1):
+        t = int(qsl[r])
+        if t >= int(qsl[r + 1]) or int(slot[t]) < 0 or int(pos[t]) % 2 == 0 or int(idx[r]) < 0:
+            continue
+        ring[int(slot[t]) // cap, (int(pos[t]) - 1) % cap] = prev[int(idx[r])]
+    lat = _clone_view(lat)
+    ref_compress.fused_save_compress_norm(kv, pos, ring, slot, qsl, t2r, w, eps, 2, lat)
+    return lat
+
+
+@pytest.mark.parametrize("cap", [2, 4, 8])
+def test_save_compress_norm_prev_rows(cap):
+    g = torch.Generator().manual_seed(500 + cap)
+    for R in [1, 3, 9, 40]:
+        kv, pos, state, slot, qsl, t2r, prev, idx = _prev_rows_case(g, R, cap)
+        w = (torch.randn(512, generator=g) * 0.5 + 1).to(BF16)
+        lat = torch.full((kv.shape[0], 512), float("nan"), dtype=BF16)
+        want = _expected_prev_rows(kv, pos, state, slot, qsl, t2r, w, 1e-6, lat, prev, idx)
+        for pidx in (idx, idx.long()):
+            st, got = _clone_view(state), _clone_view(lat)
+            before = _storage_bytes(st).clone()
+            assert ops.fused_save_compress_norm(kv, pos, st, slot, qsl, t2r, w, 1e-6, 2, got, prev, pidx) is None
+            _assert_bytes(got, want, f"prev_rows R={R} latent")
+            assert torch.equal(_storage_bytes(st), before), "prev_rows given: the ring must not be written"
+        if _ref_takes(ref_compress.fused_save_compress_norm, "prev_rows"):
+            _run_both(ref_compress.fused_save_compress_norm, ops.fused_save_compress_norm,
+                      [kv, pos, state, slot, qsl, t2r, w, 1e-6, 2, lat, prev, idx], [2, 9],
+                      f"prev_rows R={R} vs reference")
+
+
+def test_save_compress_norm_prev_rows_all_ring_and_cr1():
+    """Every index -1: the ring's latents, still no ring writes.  CR 1 ignores prev_rows."""
+    g = torch.Generator().manual_seed(7)
+    kv, pos, state, slot, qsl, t2r, prev, idx = _prev_rows_case(g, 30, 4)
+    w = torch.randn(512, generator=g).to(BF16)
+    lat = torch.full((kv.shape[0], 512), float("nan"), dtype=BF16)
+    want = _clone_view(lat)
+    ref_compress.fused_save_compress_norm(kv, pos, _clone_view(state), slot, qsl, t2r, w, 1e-6, 2, want)
+    st, got = _clone_view(state), _clone_view(lat)
+    ops.fused_save_compress_norm(kv, pos, st, slot, qsl, t2r, w, 1e-6, 2, got, prev, torch.full_like(idx, -1))
+    _assert_bytes(got, want, "prev_rows all -1")
+    _assert_bytes(st, state, "prev_rows all -1: ring")
+    kv1 = kv[:, :512].contiguous()
+    lat1 = torch.full((kv.shape[0], 512), float("nan"), dtype=BF16)
+    want1 = _clone_view(lat1)
+    ref_compress.fused_save_compress_norm(kv1, pos, None, slot, None, None, w, 1e-6, 1, want1)
+    ops.fused_save_compress_norm(kv1, pos, None, slot, None, None, w, 1e-6, 1, lat1, prev, idx)
+    _assert_bytes(lat1, want1, "cr1 ignores prev_rows")
+
+
+def _expected_ring_rows(rows, slot, state):
+    out = _clone_view(state)
+    cap = state.shape[1]
+    for i, s in enumerate(slot.tolist()):
+        if s >= 0:
+            out[s // cap, s % cap] = rows[i, :1024]
+    return out
+
+
+@pytest.mark.parametrize("N", [0, 1, 5, 37, 300])
+def test_save_ring_rows(N):
+    g = torch.Generator().manual_seed(900 + N)
+    nb, cap = 90, 4
+    big = _kv_rows(g, nb * 5, 1040, ["normal"]).view(nb, 5, 1040)
+    state = big[:, :cap, :1024]  # padded rows and blocks: their bytes must survive
+    rows = _kv_rows(g, N + 2, 1032, ["normal", "nonfinite", "negzero"])[:, :1024]  # row stride 1032
+    slot = torch.randperm(nb * cap, generator=g)[:N]
+    slot[torch.rand(N, generator=g) < 0.2] = -1
+    want = _expected_ring_rows(rows, slot, state)
+    for s in (slot, slot.to(I32)):
+        got = _clone_view(state)
+        assert ops.save_ring_rows(rows[:N], s, got) is None
+        _assert_bytes(got, want, f"save_ring_rows N={N}")
+    if hasattr(ref_compress, "save_ring_rows"):
+        _run_both(ref_compress.save_ring_rows, ops.save_ring_rows, [rows[:N], slot, state], [2],
+                  f"save_ring_rows N={N} vs reference")
+
+
+def test_save_ring_rows_skips_slots_outside_the_ring():
+    """A slot past blocks * cap (never passed by the public function) writes nothing."""
+    g = torch.Generator().manual_seed(3)
+    nb, cap = 3, 4
+    buf = _kv_rows(g, nb * cap + 4, 1024, ["normal"])
+    state = buf[: nb * cap].view(nb, cap, 1024)
+    rows = _kv_rows(g, 4, 1024, ["large"])
+    slot = torch.tensor([nb * cap, 5, nb * cap + 3, -1])
+    want = _clone_view(state)
+    want[1, 1] = rows[1]
+    ops.save_ring_rows(rows, slot, state)
+    _assert_bytes(state, want, "out-of-ring slots")
 
 
 def test_compress_exp_matches_reference():

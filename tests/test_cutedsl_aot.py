@@ -60,15 +60,17 @@ def test_compile_all(arch):
     assert {a for _, a, _, _ in res} == {arch}
     names = {n for n, *_ in res}
     assert any("gather[584" in n for n in names) and any("gather[528" in n for n in names)
+    assert any("gather[528,il" in n for n in names)
     assert any("mxfp4" in n for n in names) and any("fp8" in n for n in names)
 
 
 @needs_cutlass
 def test_fast_launch_layout():
     """The fast path writes one ctypes cell per argument: the DSL must marshal it the same way."""
-    g = G.compile_gather("sm_90a", 528)
     vals = tuple(0x7F0000001000 + 17 * k for k in range(11)) + (64, 3, 5, 7)
-    assert g.check_layout(vals, 0x5A5A5A5A5A)
+    for interleaved in (False, True):
+        g = G.compile_gather("sm_90a", 528, interleaved=interleaved)
+        assert g.check_layout(vals, 0x5A5A5A5A5A)
     q = Q.compile_indexer_q("sm_90a")
     vals = tuple(0x7F0000002000 + 3 * k for k in range(19)) + (9, 64, 0.08838834764831845, 0.125, 11)
     assert q.check_layout(vals, 0x1234)
@@ -79,7 +81,8 @@ _PTX_SCRIPT = textwrap.dedent(
     from dsv41.backends.cuda import cutedsl_gather as G, cutedsl_indexer_q as Q
     fns = [G.compile_gather("sm_90a", 584), G.compile_gather("sm_90a", 528),
            Q.compile_indexer_q("sm_90a", fp4=False), Q.compile_indexer_q("sm_90a", fp4=True, wout_bf16=True),
-           Q.compile_indexer_q("sm_90a", cs_bf16=True, w_bf16=False, fp4=False)]
+           Q.compile_indexer_q("sm_90a", cs_bf16=True, w_bf16=False, fp4=False),
+           G.compile_gather("sm_90a", 528, interleaved=True)]
     import sys
     for f in fns:
         sys.stdout.write(f.compiled.artifacts.PTX + "\\n#####\\n")
@@ -93,7 +96,7 @@ def test_ptx_numerics(tmp_path):
     out = subprocess.run([sys.executable, "-c", _PTX_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
     ptxs = [p for p in out.stdout.split("#####") if ".entry" in p]
-    assert len(ptxs) == 5
+    assert len(ptxs) == 6
     for ptx in ptxs:
         body = [ln.strip() for ln in ptx.splitlines() if not ln.strip().startswith("//")]
         for ln in body:
@@ -103,6 +106,7 @@ def test_ptx_numerics(tmp_path):
                 raise AssertionError(f"fp32 arithmetic without explicit rounding (contractible): {ln}")
     assert "cvt.rn.f16x2.e4m3x2" in ptxs[0] and "ld.global.nc.v4.u32" in ptxs[0]
     assert "st.global.v4.u32" in ptxs[0] and "st.global.v4.u32" in ptxs[1]
+    assert "ld.global.nc.v4.u32" in ptxs[5] and "st.global.v4.u32" in ptxs[5]
     assert "fma.rn.f32" in ptxs[2] and "cvt.rn.satfinite.e4m3x2.f32" in ptxs[2]
     assert "shfl.sync.bfly" in ptxs[2] and "shfl.sync.bfly" in ptxs[3]
 
@@ -126,7 +130,8 @@ def _decode_lane(vbytes16, code):
     return torch.where(torch.isnan(p), torch.full_like(bits, 0x7FFF), bits)
 
 
-def model_gather(out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, num_sms=3):
+def model_gather(out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, num_sms=3,
+                 interleaved=False):
     """Every thread of the CuTe gather launch, in Python, with the module's geometry helpers."""
     width = int(k_cache.shape[-1])
     vb, sb, qd, group = G.RECORDS[width]
@@ -150,7 +155,7 @@ def model_gather(out, k_cache, seq_lens, gather_lens, block_table, block_size, o
                         pos = start + i
                         bi, t = pos // block_size, pos % block_size
                         blk = int(block_table[r, bi])
-                        voff, soff = G.token_addresses(width, block_size, page_bytes, blk, t)
+                        voff, soff = G.token_addresses(width, block_size, page_bytes, blk, t, interleaved)
                         valid = i0 + u < n
                         for lane in range(32):
                             is_quant, value_off, scale_off = G.lane_layout(width, lane, py_sel)
@@ -188,12 +193,34 @@ def _make_cache(width, num_blocks, block_size, pad, gen, specials=True):
     return k_cache
 
 
-@pytest.mark.parametrize("width", [584, 528])
+def _interleave(k_cache):
+    """The same records in the interleaved layout (each token's value record followed by its
+    scale record), in a new storage with k_cache's shape and strides (page padding kept)."""
+    nb, bs, width = k_cache.shape
+    vb, sb = G.RECORDS[width][:2]
+    src = _flat(k_cache)
+    dst = src.clone()
+    ps = k_cache.stride(0)
+    for blk in range(nb):
+        page = src[blk * ps : blk * ps + bs * width]
+        recs = torch.cat((page[: bs * vb].view(bs, vb), page[bs * vb :].view(bs, sb)), 1)
+        dst[blk * ps : blk * ps + bs * width] = recs.flatten()
+    return dst.as_strided(k_cache.shape, k_cache.stride(), 0)
+
+
+LAYOUTS = [(584, False), (528, False), (528, True)]
+LAYOUT_IDS = ["584", "528", "528-interleaved"]
+
+
+@pytest.mark.parametrize("width,interleaved", LAYOUTS, ids=LAYOUT_IDS)
 @pytest.mark.parametrize("with_gather_lens", [True, False])
-def test_gather_model_matches_reference(width, with_gather_lens):
+def test_gather_model_matches_reference(width, interleaved, with_gather_lens):
+    """The interleaved model reads a copy of the paged cache rearranged by the layout formulas,
+    so it must give the reference's bytes for the paged cache."""
     gen = torch.Generator().manual_seed(width + with_gather_lens)
     block_size, num_blocks = 16, 24
     k_cache = _make_cache(width, num_blocks, block_size, pad=40, gen=gen)
+    k_model = _interleave(k_cache) if interleaved else k_cache
     num_reqs = 4
     seq_lens = torch.tensor([37, 1, 100, 64], dtype=I32)
     gather_lens = torch.tensor([37, 1, 45, 0], dtype=I32) if with_gather_lens else None
@@ -205,11 +232,16 @@ def test_gather_model_matches_reference(width, with_gather_lens):
     exp = sentinel.clone()
     got = sentinel.clone()
     ref_gather(exp, k_cache, seq_lens, gather_lens, block_table, block_size, offset, False)
-    model_gather(got, k_cache, seq_lens, gather_lens, block_table, block_size, offset)
+    if interleaved:  # the rearranged copy is what the reference reads as the interleaved layout
+        exp_il = sentinel.clone()
+        ref_gather(exp_il, k_model, seq_lens, gather_lens, block_table, block_size, offset, False, True)
+        assert torch.equal(exp_il.view(torch.int16), exp.view(torch.int16))
+    model_gather(got, k_model, seq_lens, gather_lens, block_table, block_size, offset, interleaved=interleaved)
     assert torch.equal(got.view(torch.int16), exp.view(torch.int16))
     # and the same with a grid of one CTA per request (grid-width invariance)
     got2 = sentinel.clone()
-    model_gather(got2, k_cache, seq_lens, gather_lens, block_table, block_size, offset, num_sms=0)
+    model_gather(got2, k_model, seq_lens, gather_lens, block_table, block_size, offset, num_sms=0,
+                 interleaved=interleaved)
     assert torch.equal(got2.view(torch.int16), exp.view(torch.int16))
 
 
@@ -230,6 +262,12 @@ def test_gather_geometry():
                 assert v == qd + 32 * (lane - qd // 16) and v + 32 <= vb
             seen.extend(range(16 * lane, 16 * lane + 16))
         assert seen == list(range(512))
+    # record addresses: paged (values, then scales, per page) and interleaved (528 bytes a token)
+    assert G.token_addresses(528, 64, 40000, 2, 5) == (80000 + 5 * 512, 80000 + 64 * 512 + 5 * 16)
+    assert G.token_addresses(528, 64, 40000, 2, 5, True) == (80000 + 5 * 528, 80000 + 5 * 528 + 512)
+    assert G.INTERLEAVED_RECORDS == (528,)
+    with pytest.raises(ValueError):
+        G.compile_gather("sm_90a", 584, interleaved=True)
 
 
 # --------------------------------------------------------------------------------------
@@ -479,10 +517,13 @@ def test_ptx_constants():
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def _gpu_gather_case(width, with_gather_lens, misalign=False):
+def _gpu_gather_case(width, with_gather_lens, misalign=False, interleaved=False):
+    """(out, cache for the kernel, seq_lens, gather_lens, block_table, block_size, offset, paged
+    cache for the reference): the kernel's cache holds the paged cache's records in its layout."""
     gen = torch.Generator().manual_seed(11 * width + with_gather_lens)
     block_size, num_blocks = 16, 24
     k_cache = _make_cache(width, num_blocks, block_size, pad=40 + (1 if misalign else 0), gen=gen)
+    k_kern = _interleave(k_cache) if interleaved else k_cache
     seq_lens = torch.tensor([37, 1, 100, 64, 250], dtype=I32)
     gather_lens = torch.tensor([37, 1, 45, 0, 200], dtype=I32) if with_gather_lens else None
     if not with_gather_lens:
@@ -494,8 +535,9 @@ def _gpu_gather_case(width, with_gather_lens, misalign=False):
     if misalign:
         out = out[:, :, 1:]
     dev = lambda x: None if x is None else x.cuda()  # noqa: E731
-    kc = k_cache.cuda() if not misalign else _to_cuda_view(k_cache)
-    return out.cuda() if not misalign else _to_cuda_view(out), kc, dev(seq_lens), dev(gather_lens), dev(block_table), block_size, offset
+    kc = k_kern.cuda() if not misalign else _to_cuda_view(k_kern)
+    out = out.cuda() if not misalign else _to_cuda_view(out)
+    return out, kc, dev(seq_lens), dev(gather_lens), dev(block_table), block_size, offset, k_cache.cuda()
 
 
 def _to_cuda_view(t):
@@ -508,14 +550,14 @@ def _to_cuda_view(t):
 @pytest.mark.gpu
 @needs_cuda
 @needs_cutlass
-@pytest.mark.parametrize("width", [584, 528])
+@pytest.mark.parametrize("width,interleaved", LAYOUTS, ids=LAYOUT_IDS)
 @pytest.mark.parametrize("with_gather_lens", [True, False])
 @pytest.mark.parametrize("misalign", [False, True])
-def test_gpu_gather_matches_reference(width, with_gather_lens, misalign):
-    out, kc, sl, gl, bt, bs, off = _gpu_gather_case(width, with_gather_lens, misalign)
+def test_gpu_gather_matches_reference(width, interleaved, with_gather_lens, misalign):
+    out, kc, sl, gl, bt, bs, off, paged = _gpu_gather_case(width, with_gather_lens, misalign, interleaved)
     exp = out.clone()
-    ref_gather(exp, kc, sl, gl, bt, bs, off, False)
-    G.dequantize_and_gather_k_cache(out, kc, sl, gl, bt, bs, off, False)
+    ref_gather(exp, paged, sl, gl, bt, bs, off, False)
+    G.dequantize_and_gather_k_cache(out, kc, sl, gl, bt, bs, off, False, interleaved)
     torch.cuda.synchronize()
     assert torch.equal(out.view(torch.int16), exp.view(torch.int16))
     # CUDA graph: capture once, change the lengths on the device, replay
@@ -523,12 +565,12 @@ def test_gpu_gather_matches_reference(width, with_gather_lens, misalign):
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
-        G.dequantize_and_gather_k_cache(out, kc, sl, gl, bt, bs, off, False)
+        G.dequantize_and_gather_k_cache(out, kc, sl, gl, bt, bs, off, False, interleaved)
     torch.cuda.current_stream().wait_stream(s)
     (gl if gl is not None else sl)[0] -= 5
     out.fill_(3.0)
     exp = out.clone()
-    ref_gather(exp, kc, sl, gl, bt, bs, off, False)
+    ref_gather(exp, paged, sl, gl, bt, bs, off, False)
     n_compiled = len(G._COMPILED)
     g.replay()
     torch.cuda.synchronize()
@@ -570,6 +612,9 @@ def test_unsupported_reason_guards():
     args = lambda kc, fnuz: (None, kc, None, None, None, 4, 0, fnuz)  # noqa: E731
     assert G.unsupported_reason(*args(kc584, False)) is None
     assert G.unsupported_reason(*args(kc584, True)) and G.unsupported_reason(*args(kc288, False))
+    kc528 = torch.zeros(1, 4, 528, dtype=U8)
+    assert G.unsupported_reason(*args(kc528, False), True) is None
+    assert G.unsupported_reason(*args(kc584, False), True) and G.unsupported_reason(*args(kc288, False), True)
     q = torch.zeros(2, 3, 128, dtype=BF16)
     cs = torch.zeros(10, 64)
     qa = lambda fp4, fnuz, cs=cs: (None, q, cs, None, 1.0, 1.0, fp4, fnuz, None, None, None)  # noqa: E731
@@ -586,19 +631,22 @@ def test_unsupported_calls_go_to_triton(monkeypatch):
     monkeypatch.setitem(G._FALLBACK, "dequantize_and_gather_k_cache", lambda *a: calls.append(("g", a)))
     monkeypatch.setitem(G._FALLBACK, "fused_indexer_q_rope_quant", lambda *a: calls.append(("q", a)))
     kc584 = torch.zeros(1, 4, 584, dtype=U8)
+    kc528 = torch.zeros(1, 4, 528, dtype=U8)
     kc288 = torch.zeros(1, 4, 288, dtype=U8)
-    for kc, fnuz in ((kc584, True), (kc288, False)):
+    for kc, fnuz, il in ((kc584, True, False), (kc288, False, False), (kc288, False, True), (kc528, True, True),
+                         (kc584, False, True)):
         args = (torch.zeros(1, 4, 512, dtype=BF16), kc, torch.ones(1, dtype=I32), None,
                 torch.zeros(1, 1, dtype=I32), 4, 0, fnuz)
-        G.dequantize_and_gather_k_cache(*args)
-        assert calls[-1][0] == "g" and all(x is y for x, y in zip(calls[-1][1], args))
+        G.dequantize_and_gather_k_cache(*args, il)
+        got = calls[-1][1]
+        assert calls[-1][0] == "g" and len(got) == 9 and all(x is y for x, y in zip(got, args)) and got[8] is il
     q = torch.zeros(2, 3, 128, dtype=BF16)
     for cs, fnuz in ((torch.zeros(10, 64), True), (torch.zeros(10, 40), False)):
         args = (torch.zeros(2, dtype=torch.int64), q, cs, torch.zeros(2, 3, dtype=BF16), 1.0, 1.0, False, fnuz,
                 torch.zeros(2, 3, 128, dtype=U8), torch.empty(0, dtype=U8), torch.zeros(2, 3))
         Q.fused_indexer_q_rope_quant(*args)
         assert calls[-1][0] == "q" and all(x is y for x, y in zip(calls[-1][1], args))
-    assert len(calls) == 4
+    assert len(calls) == 7
 
 
 def test_triton_fallback_resolves():

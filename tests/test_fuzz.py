@@ -276,9 +276,10 @@ def bytes_of(t: torch.Tensor, sel=None) -> torch.Tensor:
     return m
 
 
-def record_mask(cache, slots, B, width, tiled):
+def record_mask(cache, slots, B, width, tiled, interleaved=False):
     """Bytes of the records of ``slots`` in a uint8 paged cache (spec C §1.1: values of all
-    B tokens first, then their scales).  Tiled layouts: the used bytes of the pages."""
+    B tokens first, then their scales; interleaved: each token's whole record at ``o * width``).
+    Tiled layouts: the used bytes of the pages."""
     rec = RECORDS[width]
     vb, sb = rec.value_bytes, rec.scale_bytes
     m = torch.zeros(cache.untyped_storage().nbytes(), dtype=torch.bool)
@@ -288,6 +289,8 @@ def record_mask(cache, slots, B, width, tiled):
         pb = base + blk * ps
         if tiled:
             m[pb: pb + B * width] = True
+        elif interleaved:
+            m[pb + o * width: pb + (o + 1) * width] = True
         else:
             m[pb + o * vb: pb + (o + 1) * vb] = True
             m[pb + B * vb + o * sb: pb + B * vb + (o + 1) * sb] = True
@@ -313,8 +316,9 @@ def st_quantize_and_insert_k_cache(draw):
     k = padded_rows(values((T, 512), draw(kinds_st()), draw(seed_st())), draw(st.integers(0, 2)))
     cache = paged(nb, B, width, pad, flat=draw(st.booleans()))
     writing = [int(s) for s in slots.tolist() if s >= 0]
-    return Built("quantize_and_insert_k_cache", [k, cache, slots, B, fnuz, width], (1,),
-                 {1: exact(record_mask(cache, writing, B, width, False))})
+    il = width == 528 and draw(st.booleans())
+    return Built("quantize_and_insert_k_cache", [k, cache, slots, B, fnuz, width, il], (1,),
+                 {1: exact(record_mask(cache, writing, B, width, False, il))})
 
 
 # ---------------------------------------------------------------- dequantize_and_gather_k_cache
@@ -331,13 +335,14 @@ def st_dequantize_and_gather_k_cache(draw):
     seed = draw(seed_st())
     g = _gen(seed)
     cache.copy_(torch.randint(0, 256, cache.shape, generator=g, dtype=U8))  # any byte: codes 0/255, NaN codes
+    il = width != 584 and draw(st.booleans())
     if width != 288 and draw(st.booleans()):  # valid records of edge values on some tokens
         from dsv41.reference.k_cache import quantize_and_insert_k_cache as ref_insert
 
         n = min(nb * B, 48)
         rows = values((n, 512), draw(kinds_st()), seed + 1)
         flat = cache.as_strided((nb, cache.stride(0)), (cache.stride(0), 1), cache.storage_offset())
-        ref_insert(rows, flat, torch.randperm(nb * B, generator=g)[:n], B, fnuz, width)
+        ref_insert(rows, flat, torch.randperm(nb * B, generator=g)[:n], B, fnuz, width, il)
     R = draw(st.integers(0, 4))
     max_blocks = 3 if B >= 16 else 24
     L = [draw(st.integers(0, max_blocks * B)) for _ in range(R)]
@@ -358,7 +363,7 @@ def st_dequantize_and_gather_k_cache(draw):
     for r in range(R):
         sel[r, offset: offset + n[r]] = True
     return Built("dequantize_and_gather_k_cache",
-                 [out, cache, torch.tensor(L, dtype=I32), torch.tensor(n, dtype=I32) if use_gl else None, table, B, offset, fnuz],
+                 [out, cache, torch.tensor(L, dtype=I32), torch.tensor(n, dtype=I32) if use_gl else None, table, B, offset, fnuz, il],
                  (0,), {0: exact(bytes_of(out, sel))})
 
 
@@ -543,7 +548,14 @@ def st_fused_save_compress_norm(draw):
     for t in range(T):
         if slot[t] >= 0 and pos[t] % 2 == 1:
             sel[t] = True
-    ring_rows = _ring_expectation(kv, slot, qsl, cap)
+    prev = draw(st.booleans())
+    ring_rows = {} if prev else _ring_expectation(kv, slot, qsl, cap)
+    tail = []
+    if prev:  # rows from other ranks: some requests read one of them, the others their ring
+        n_prev = draw(st.integers(1, 4))
+        prev_rows = strided_rows(values((n_prev, 1024), kinds, g_seed + 3, F32), draw(st.sampled_from([0, 16])))
+        idx = [draw(st.integers(-1, n_prev - 1)) for _ in range(R)] + [draw(st.integers(-1, n_prev - 1))]
+        tail = [prev_rows, torch.tensor(idx, dtype=draw(st.sampled_from([I32, I64])))]
 
     def extra(args_in, args_out):
         want = clone_args([args_in[2]])[0]  # keeps the padded row stride's storage
@@ -556,7 +568,7 @@ def st_fused_save_compress_norm(draw):
             f"({(got_b != before).sum().item()} bytes changed)")
 
     return Built("fused_save_compress_norm",
-                 [kv, positions, state, slots, torch.tensor(qsl, dtype=I32), t2r_t, w, eps, 2, latent], (2, 9),
+                 [kv, positions, state, slots, torch.tensor(qsl, dtype=I32), t2r_t, w, eps, 2, latent] + tail, (2, 9),
                  {9: exact(bytes_of(latent, sel))}, extra=extra, read_write=(2,))
 
 
@@ -591,9 +603,11 @@ def st_rope_quant_insert(draw):
     cs = cos_sin(max_pos, 64, draw(st.sampled_from([F32, BF16])), seed + 1, draw(st.sampled_from([0, 0, 8])))
     writing = [int(s) for s, c in zip(slots.tolist(), closes) if s >= 0 and c]
     scale = None
+    il = False
     if isinstance(kind, int):
         cache = paged(nb, B, kind, draw(st.sampled_from([0, 64, 512])))
-        mask = record_mask(cache, writing, B, kind, False)
+        il = kind != 584 and draw(st.booleans())
+        mask = record_mask(cache, writing, B, kind, False, il)
     else:
         dt = BF16 if kind == "bf16" else FP8
         cache = paged(nb, B, 512, draw(st.sampled_from([0, 0, 64])), dtype=dt)
@@ -603,8 +617,30 @@ def st_rope_quant_insert(draw):
         mask = bytes_of(cache, sel)
         if kind == "fp8":
             scale = torch.tensor([draw(st.sampled_from([0.0375, 1.0, 2.0**-7, 3.0, 1e-3]))], dtype=F32)
-    return Built("rope_quant_insert", [latent, positions, cs, cache, slots, cr, scale, draw(st.booleans())], (3,),
+    return Built("rope_quant_insert", [latent, positions, cs, cache, slots, cr, scale, draw(st.booleans()), il], (3,),
                  {3: exact(mask)})
+
+
+# ---------------------------------------------------------------- save_ring_rows
+
+
+@st.composite
+def st_save_ring_rows(draw):
+    cap = draw(st.sampled_from([1, 4, 8]))
+    nblk = draw(st.integers(1, 4))
+    n = draw(st.integers(0, min(12, nblk * cap + 2)))
+    seed = draw(seed_st())
+    rows = strided_rows(values((n, 1024), draw(kinds_st()), seed, F32), draw(st.sampled_from([0, 16])))
+    free = torch.randperm(nblk * cap, generator=_gen(seed + 1)).tolist()
+    slot = [free.pop() if free and draw(st.integers(0, 4)) else draw(st.sampled_from([-1, -9])) for _ in range(n)]
+    slots = torch.tensor(slot, dtype=draw(st.sampled_from([I32, I64])))
+    state = strided_rows(values((nblk * cap, 1024), ["normal"], seed + 2, F32).view(nblk, cap, 1024),
+                         draw(st.sampled_from([0, 16])))
+    sel = torch.zeros(state.shape, dtype=torch.bool)
+    for s in slot:
+        if s >= 0:
+            sel[s // cap, s % cap] = True
+    return Built("save_ring_rows", [rows, slots, state], (2,), {2: exact(bytes_of(state, sel))})
 
 
 # ---------------------------------------------------------------- indexer_k_norm_rope_store

@@ -69,6 +69,8 @@ def good(op: str) -> dict:
                     slot_mapping=t64(2, 3, 0, 11, 8, 9), query_start_loc=t32(0, 3, 6),
                     token_to_req_indices=t32(0, 0, 0, 1, 1, 1), rms_norm_weight=torch.ones(512, dtype=BF16),
                     rms_norm_eps=1e-6, compress_ratio=2, latent_out=torch.zeros(6, 512, dtype=BF16))
+    if op == "save_ring_rows":
+        return dict(rows=torch.zeros(4, 1024), slot_mapping=t64(0, 11, -1, 5), state_cache=torch.zeros(3, 4, 1024))
     if op == "rope_quant_insert":
         return dict(latent=torch.zeros(4, 512, dtype=BF16), positions=t64(0, 1, 62, 63), cos_sin_cache=torch.zeros(64, 64),
                     kv_cache=torch.zeros(2, 16, 528, dtype=U8), slot_mapping=t64(0, 1, -1, 31), compress_ratio=1,
@@ -146,6 +148,11 @@ BAD = [
      ["fused_inv_rope_fp8_quant", "'positions'", "value 65 at [0]", "cos_sin_cache.shape[0] = 64"]),
     ("invrope-position-negative", "fused_inv_rope_fp8_quant", with_("fused_inv_rope_fp8_quant", positions=t64(0, -1)),
      ["'positions'", "value -1 at [1]"]),
+    ("ring-rows-slot-beyond-state", "save_ring_rows", with_("save_ring_rows", slot_mapping=t64(0, 12, -1, 5)),
+     ["save_ring_rows", "'slot_mapping'", "value 12 at [1]", "state_cache.shape[0]*capacity (3*4) = 12"]),
+    ("prev-row-index-beyond", "fused_save_compress_norm",
+     with_("fused_save_compress_norm", prev_rows=torch.zeros(2, 1024), prev_row_indices=t32(-1, 2)),
+     ["fused_save_compress_norm", "'prev_row_indices'", "value 2 at [1]", "prev_rows.shape[0] = 2"]),
     ("ring-position-negative", "fused_save_compress_norm", with_("fused_save_compress_norm", positions=t64(-1, 11, 12, 7, 8, 9)),
      ["'positions'", "value -1 at [0]", ">= 0"]),
     # ---- gather: block ids, lengths, table width, output rows

@@ -31,6 +31,9 @@ from dsv41.reference.k_cache import dequantize_and_gather_k_cache as ref_gather
 from dsv41.reference.k_cache import quantize_and_insert_k_cache as ref_insert
 
 OP = "transcode_k_cache"
+# These tests cover the flavour rules on the per-page layout the reference kernel works in;
+# tests/test_v41_layouts.py covers the interleaved V4.1 records.
+PAGED = dict(src_v41_layout="paged", dst_v41_layout="paged")
 U8, I32, I64, F32 = torch.uint8, torch.int32, torch.int64, torch.float32
 BYTES = torch.arange(256, dtype=I32)
 CANARY = 0xA5
@@ -467,8 +470,8 @@ def test_round_trip_fnuz_ocp_fnuz_bit_exact_on_quantizer_caches(width, registere
     mid = paged(3, B, width, fill=0x11)
     back = paged(3, B, width, fill=0x22)
     ids = torch.arange(3)
-    T.transcode_k_cache(src, mid, ids, True, False)
-    T.transcode_k_cache(mid, back, ids, False, True)
+    T.transcode_k_cache(src, mid, ids, True, False, **PAGED)
+    T.transcode_k_cache(mid, back, ids, False, True, **PAGED)
     assert torch.equal(rows_of(back, B)[0], v) and torch.equal(rows_of(back, B)[1], s)
     # one hop keeps every decoded bf16 bit (the readers of both flavours)
     a, b = _gather(src, B, True), _gather(mid, B, False)
@@ -484,8 +487,8 @@ def test_round_trip_ocp_fnuz_ocp_on_quantizer_caches(width, registered):
     mid = paged(3, B, width)
     back = paged(3, B, width)
     ids = torch.arange(3)
-    T.transcode_k_cache(src, mid, ids, False, True)
-    T.transcode_k_cache(mid, back, ids, True, False)
+    T.transcode_k_cache(src, mid, ids, False, True, **PAGED)
+    T.transcode_k_cache(mid, back, ids, True, False, **PAGED)
     v3, s3 = rows_of(back, B)
     assert torch.equal(s3, s)
     diff = v3 != v
@@ -510,17 +513,17 @@ def test_round_trip_indexer_fp8(tiled, registered):
     v, s = rows_of(cache, B, tiled)
     ids = torch.arange(nb)
     fnuz = paged(nb, B, 132)
-    T.transcode_k_cache(cache, fnuz, ids, False, True, tiled=tiled)
+    T.transcode_k_cache(cache, fnuz, ids, False, True, tiled=tiled, **PAGED)
     vf, sf = rows_of(fnuz, B, tiled)
     assert nan_eq(decode(vf, sf, 132, True), decode(v, s, 132, False), signed_zero=False).all()
     back = paged(nb, B, 132)
-    T.transcode_k_cache(fnuz, back, ids, True, False, tiled=tiled)
+    T.transcode_k_cache(fnuz, back, ids, True, False, tiled=tiled, **PAGED)
     vb, sb = rows_of(back, B, tiled)
     assert torch.equal(sb, s)
     assert torch.equal(vb, torch.where(v == 0x80, torch.zeros_like(v), v))
     # and FNUZ -> OCP -> FNUZ is bit-exact
     again = paged(nb, B, 132)
-    T.transcode_k_cache(back, again, ids, False, True, tiled=tiled)
+    T.transcode_k_cache(back, again, ids, False, True, tiled=tiled, **PAGED)
     assert torch.equal(written_bytes(again), written_bytes(fnuz))
 
 
@@ -626,21 +629,21 @@ def test_public_flat_views_and_defaults(registered):
     R.transcode_k_cache(src, want, torch.tensor([0, 2]), B, W, False, True, False)
     # flat src and dst with explicit block_size
     dst = paged(nb, B, W, pad=0)
-    T.transcode_k_cache(src.view(nb, -1), dst.view(nb, -1), torch.tensor([0, 2]), False, True, B)
+    T.transcode_k_cache(src.view(nb, -1), dst.view(nb, -1), torch.tensor([0, 2]), False, True, B, **PAGED)
     assert torch.equal(dst, want)
     # flat src + 3-D dst: width and block_size from dst
     dst = paged(nb, B, W, pad=0)
-    T.transcode_k_cache(src.view(nb, -1), dst, torch.tensor([0, 2], dtype=I32), False, True)
+    T.transcode_k_cache(src.view(nb, -1), dst, torch.tensor([0, 2], dtype=I32), False, True, **PAGED)
     assert torch.equal(dst, want)
     # in place through the public op
     inplace = src.clone()
-    T.transcode_k_cache(inplace, inplace, torch.tensor([0, 2]), False, True)
+    T.transcode_k_cache(inplace, inplace, torch.tensor([0, 2]), False, True, **PAGED)
     ref = src.clone()
     R.transcode_k_cache(src, ref, torch.tensor([0, 2]), B, W, False, True, False)
     assert torch.equal(inplace, ref)
     # empty id list: nothing happens (and no kernel runs)
     before = dst.clone()
-    T.transcode_k_cache(src, dst, torch.empty(0, dtype=I64), True, False)
+    T.transcode_k_cache(src, dst, torch.empty(0, dtype=I64), True, False, **PAGED)
     assert torch.equal(dst, before)
 
 
@@ -649,8 +652,8 @@ def test_public_tiled_default_is_rows_off_rocm(registered):
     src = paged(nb, B, 132, seed=9)
     rows = paged(nb, B, 132)
     tiled = paged(nb, B, 132)
-    T.transcode_k_cache(src, rows, torch.arange(nb), True, False)
-    T.transcode_k_cache(src, tiled, torch.arange(nb), True, False, tiled=True)
+    T.transcode_k_cache(src, rows, torch.arange(nb), True, False, **PAGED)
+    T.transcode_k_cache(src, tiled, torch.arange(nb), True, False, tiled=True, **PAGED)
     want = paged(nb, B, 132)
     R.transcode_k_cache(src, want, torch.arange(nb), B, 132, True, False, False)
     assert torch.equal(rows, want)
@@ -722,6 +725,7 @@ def test_torch_compile_fullgraph(registered):
     def hop(src, dst, ids):
         T.transcode_k_cache(src, dst, ids, False, True)
         T.transcode_k_cache(dst, dst, ids, True, False)
+        T.transcode_k_cache(dst, dst, ids, False, False, dst_v41_layout="paged")
         return dst.float().sum()
 
     d_eager, d_comp = torch.zeros_like(src), torch.zeros_like(src)

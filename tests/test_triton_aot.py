@@ -60,8 +60,17 @@ def test_aot_builds(target):
     built = {name for name, tgt, ok, _ in results if ok}
     # every kernel of cache_kernels.py builds for every target
     for kernel in ("_quant_insert_kernel", "_gather_kernel", "_rope_quant_insert_kernel",
-                   "_indexer_k_kernel", "_compress_norm_kernel", "_ring_save_kernel"):
+                   "_indexer_k_kernel", "_compress_norm_kernel", "_ring_save_kernel",
+                   "_save_ring_rows_kernel"):
         assert any(f"cache_kernels.{kernel}[" in n for n in built), (kernel, target)
+    # the interleaved 528 / 288 records and CR 2 with prev_rows build beside the paged ones
+    for kernel, recs in (("_quant_insert_kernel", (528,)), ("_gather_kernel", (528, 288)),
+                         ("_rope_quant_insert_kernel", (528, 288))):
+        for rec in recs:
+            assert any(n.startswith(f"cache_kernels.{kernel}[{rec},") and ",il" in n
+                       for n in built), (kernel, rec, target)
+    assert any(n.startswith("cache_kernels._compress_norm_kernel[cr2,") and ",prev" in n
+               for n in built), target
     if target == "gfx942":
         assert any("fnuz" in n for n in built)
 
@@ -78,6 +87,12 @@ def test_registry_shape():
         # every constexpr has a value (a defaulted one its kernel's default), so no build
         # takes a path the launches never take (ASTSource builds a missing one as None)
         assert aot.constexpr_params(s.kernel) <= set(s.constexprs), s.name
+    il = [s for s in aot.AOT_SPECS if ",il" in s.name]
+    assert il and all(s.constexprs["INTERLEAVED"] is True for s in il)
+    assert all(s.constexprs.get("INTERLEAVED", False) is False for s in aot.AOT_SPECS
+               if ",il" not in s.name)
+    prev = [s for s in aot.AOT_SPECS if ",prev" in s.name]
+    assert prev and all(s.constexprs["HAS_PREV"] is True for s in prev)
     rope288 = next(s for s in aot.AOT_SPECS if s.name.startswith("cache_kernels._rope_quant_insert_kernel[288,native,sm90"))
     assert rope288.constexprs["ROPE_WORDS"] is True and rope288.constexprs["PTX"] is True
 
@@ -86,11 +101,23 @@ def test_registry_shape():
 def test_sass_instruction_mix():
     """``python -m dsv41.backends.triton.sass``: the sm_90 build of one writer disassembles into
     a plausible instruction mix (the counts docs/performance.md quotes come from this tool)."""
-    from dsv41.backends.triton import aot, sass
+    import collections
 
-    aot.discover()
-    spec = next(s for s in aot.AOT_SPECS if s.name == "cache_kernels._quant_insert_kernel[528,ocp,native]")
-    ops, text = sass.mix(spec, "sm90")
+    # built in a child process: interpreter tests that ran before in this process leave
+    # Triton's JIT seeing interpreter functions
+    code = (
+        "import json\n"
+        "from dsv41.backends.triton import aot, sass\n"
+        "aot.discover()\n"
+        "spec = next(s for s in aot.AOT_SPECS\n"
+        "            if s.name == 'cache_kernels._quant_insert_kernel[528,ocp,native]')\n"
+        "print(json.dumps(sass.mix(spec, 'sm90')[0]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ops = collections.Counter(json.loads(proc.stdout.strip().splitlines()[-1]))
     total = sum(ops.values())
     assert 50 < total < 5000, total
     # the native OCP path packs fp8 pairs with the saturating convert and stores 16 bytes at once

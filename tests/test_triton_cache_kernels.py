@@ -18,6 +18,7 @@ casts, as on NVIDIA) and ``soft`` (integer encoders, as on ROCm / XPU).  Inputs 
 from __future__ import annotations
 
 import functools
+import inspect
 import io
 import os
 import pathlib
@@ -604,15 +605,14 @@ def test_save_compress_norm_cr1(flavour):
           [kv, torch.arange(rows), None, slots, None, None, w, 1e-6, 1, out], [9])
 
 
-def _cr2_args():
+def _cr2_args(starts=(6, 3, 0, 11), lens=(3, 7, 0, 2)):
     """Ring of capacity 4: a chunk starting on an odd position (pools with the ring row the
     previous chunk stored), a chunk longer than the ring (its writes must come after the
     ring read), a chunk whose first slot is -1, an empty request, a token past the last
-    request."""
+    request.  (Defaults -- r0: 6..8, r1: 3..9 (starts odd, longer than the ring), r2: empty,
+    r3: 11..12 (first slot -1); request r's ring is block r.)"""
     g = torch.Generator().manual_seed(1)
-    cap, nblk = 4, 4
-    starts = [6, 3, 0, 11]  # r0: 6..8, r1: 3..9 (starts odd, longer than the ring),
-    lens = [3, 7, 0, 2]     # r2: empty, r3: 11..12 (first slot -1)
+    cap, nblk = 4, len(starts)
     qsl = [0]
     pos, t2r, slots = [], [], []
     for r, (s, n) in enumerate(zip(starts, lens)):
@@ -642,6 +642,263 @@ def _cr2_args():
 
 def test_save_compress_norm_cr2(flavour):
     _both(CK.fused_save_compress_norm, ref_compress.fused_save_compress_norm, _cr2_args(), [2, 9])
+
+
+def _has_param(fn, name: str) -> bool:
+    return name in inspect.signature(fn).parameters
+
+
+def _prev_rows_refs():
+    """Expectations of fused_save_compress_norm with prev_rows: the construction below, and
+    the reference itself where it has the parameters."""
+    refs = [_ref_prev_rows]
+    if _has_param(ref_compress.fused_save_compress_norm, "prev_rows"):
+        refs.append(ref_compress.fused_save_compress_norm)
+    return refs
+
+
+def _ref_prev_rows(kv, pos, state, slots, qsl, t2r, w, eps, cr, out, prev_rows=None,
+                   prev_row_indices=None):
+    """The paged reference without prev_rows run on a copy of the ring whose rows read by
+    the chunks' first tokens are replaced by their prev_rows rows (prev_row_indices[r] >= 0),
+    so latent_out is the pooled result and the ring itself is left as it was (no ring
+    writes)."""
+    if prev_rows is None or cr == 1:
+        ref_compress.fused_save_compress_norm(kv, pos, state, slots, qsl, t2r, w, eps, cr, out)
+        return
+    ring = state.clone()
+    cap = state.shape[1]
+    for r in range(qsl.numel() - 1):
+        t0 = int(qsl[r])
+        if t0 == int(qsl[r + 1]) or int(prev_row_indices[r]) < 0:
+            continue
+        s, p = int(slots[t0]), int(pos[t0])
+        if s >= 0 and p % 2 == 1:
+            ring[s // cap, (p - 1) % cap] = prev_rows[int(prev_row_indices[r])]
+    ref_compress.fused_save_compress_norm(kv, pos, ring, slots, qsl, t2r, w, eps, cr, out)
+
+
+def _cr2_prev_args(idx_dtype=torch.int64):
+    """``_cr2_args`` plus r4 (7..9: its first token closes a group, prev row -1: the ring
+    row) and prev_rows (row stride 1040) for r1 (row 2) and r3 (row 0: its first slot is -1,
+    never read); r0 starts a group (index never read), r2 is empty."""
+    args = _cr2_args(starts=(6, 3, 0, 11, 7), lens=(3, 7, 0, 2, 3))
+    g = torch.Generator().manual_seed(5)
+    prev = (torch.randn(4, 1040, generator=g) * 2)[:, :1024]
+    prev[1] = float("nan")  # never referenced
+    prev[2, 512:] *= 8
+    idx = torch.tensor([1, 2, -1, 0, -1, 3], dtype=idx_dtype)  # more entries than requests
+    return args + [prev, idx]
+
+
+@pytest.mark.parametrize("path", ["decode", "pairs"])
+@pytest.mark.parametrize("idx_dtype", [torch.int64, torch.int32], ids=["i64", "i32"])
+def test_save_compress_norm_cr2_prev_rows(flavour, path, idx_dtype, monkeypatch):
+    """prev_rows: a chunk's first closing token pools with prev_rows[prev_row_indices[r]]
+    (the ring row where the index is < 0), and the op writes no ring row."""
+    if path == "pairs":
+        monkeypatch.setattr(CK.launch, "DECODE_T", 0)  # the pair programs of large launches
+    args = _cr2_prev_args(idx_dtype)
+    for ref in _prev_rows_refs():
+        a, _ = _both(CK.fused_save_compress_norm, ref, args, [2, 9])
+    assert torch.equal(_storage(a[2]), _storage(args[2]))  # no ring row written
+    # r1 really read its prev row: the ring row gives other bytes
+    ring_only = _cr2_prev_args(idx_dtype)
+    ring_only[11] = torch.full_like(ring_only[11], -1)
+    for ref in _prev_rows_refs():
+        b, _ = _both(CK.fused_save_compress_norm, ref, ring_only, [2, 9])
+    t1 = int(args[4][1])
+    assert not torch.equal(a[9][t1].view(torch.int16), b[9][t1].view(torch.int16))
+    # without prev_rows: today's op (ring writes included)
+    plain = _cr2_prev_args(idx_dtype)[:10]
+    _both(CK.fused_save_compress_norm, ref_compress.fused_save_compress_norm, plain, [2, 9])
+
+
+def test_save_compress_norm_cr1_ignores_prev_rows(flavour):
+    g = torch.Generator().manual_seed(0)
+    kv = torch.randn(6, 512, generator=g, dtype=F32)
+    out = torch.full((6, 512), float("nan"), dtype=BF16)
+    w = (torch.rand(512, generator=g) + 0.5).to(BF16)
+    prev = torch.randn(2, 1024, generator=g)
+    for ref in _prev_rows_refs():
+        _both(CK.fused_save_compress_norm, ref,
+              [kv, torch.arange(6), None, torch.tensor([0, -1, 2, 3, 4, 5]), None, None, w, 1e-6,
+               1, out, prev, torch.tensor([0, 1])], [9])
+
+
+# --------------------------------------------------------------------------------------
+# save_ring_rows
+# --------------------------------------------------------------------------------------
+
+
+def _ref_save_ring_rows(rows, slot_mapping, state_cache):
+    """Row i to (s // C, s % C) for each s >= 0."""
+    cap = state_cache.shape[1]
+    for i, s in enumerate(slot_mapping.tolist()):
+        if s >= 0:
+            state_cache[s // cap, s % cap] = rows[i]
+
+
+@pytest.mark.parametrize("slot_dtype", [torch.int64, torch.int32], ids=["i64", "i32"])
+def test_save_ring_rows(slot_dtype):
+    g = torch.Generator().manual_seed(3)
+    blocks, cap, N = 3, 4, 9
+    rows = torch.randn(N + 1, 1040, generator=g)[:N, :1024]  # row stride 1040
+    rows[2] = float("nan")
+    rows[4] = -0.0
+    # padded ring rows (stride(1) 1040) and a padded block (stride(0)): padding untouched
+    base = torch.full((blocks, cap + 1, 1040), 0.0).view(torch.int32).fill_(0x7FA5A5A5).view(F32)
+    state = base[:, :cap, :1024]
+    slots = torch.tensor([5, -1, 0, 11, 7, -3, 2, 8, 9], dtype=slot_dtype)
+    refs = [_ref_save_ring_rows] + ([ref_compress.save_ring_rows]
+                                    if hasattr(ref_compress, "save_ring_rows") else [])
+    for ref in refs:
+        _both(CK.save_ring_rows, ref, [rows, slots, state], [2])
+        a, _ = _both(CK.save_ring_rows, ref, [rows, slots[:0], state], [2])
+        assert torch.equal(_storage(a[2]), _storage(state))
+
+
+# --------------------------------------------------------------------------------------
+# the interleaved V4.1 records (vLLM 0.33): token t's scales right after its values
+# --------------------------------------------------------------------------------------
+
+_SPLIT = {528: (512, 16), 288: (256, 32)}  # record width -> (value bytes, scale bytes)
+
+
+def _il_index(B: int, width: int) -> torch.Tensor:
+    """For every byte k of an interleaved page, the byte of the paged page holding it."""
+    VB, SB = _SPLIT[width]
+    k = torch.arange(B * width)
+    t, j = k // width, k % width
+    return torch.where(j < VB, VB * t + j, B * VB + SB * t + (j - VB))
+
+
+def _relayout(cache: torch.Tensor, to_interleaved: bool) -> None:
+    """Permute the record bytes of every page of ``cache`` (uint8 [nb, B, W], any page
+    stride) between the paged and the interleaved layout, in place; bytes past the B
+    records of a page stay where they are."""
+    B, W = cache.shape[1], cache.shape[2]
+    idx = _il_index(B, W)
+    st = _storage(cache)
+    for p in range(cache.shape[0]):
+        base = cache.storage_offset() + p * cache.stride(0)
+        page = st[base:base + B * W]
+        if to_interleaved:
+            page.copy_(page[idx])
+        else:
+            new = torch.empty_like(page)
+            new[idx] = page
+            page.copy_(new)
+
+
+def _il_ref(ref_fn, cache_arg: int):
+    """Expected bytes of an ``interleaved=True`` call of an op: the paged reference run on the
+    cache permuted to the paged layout, then permuted back (its last argument is the flag)."""
+    def run(*args):
+        *rest, interleaved = args
+        cache = rest[cache_arg]
+        assert interleaved
+        _relayout(cache, to_interleaved=False)
+        ref_fn(*rest)
+        _relayout(cache, to_interleaved=True)
+    return run
+
+
+def _ref_direct(ref_fn):
+    """The reference itself once it has the ``interleaved`` parameter (None until then)."""
+    return ref_fn if _has_param(ref_fn, "interleaved") else None
+
+
+def test_il_index_is_the_layout():
+    """The permutation matches the byte formulas of the interleaved layout."""
+    B = 4
+    for W, (VB, SB) in _SPLIT.items():
+        idx = _il_index(B, W)
+        for t in range(B):
+            for j in (0, VB - 1):
+                assert int(idx[W * t + j]) == VB * t + j
+            for j in (0, SB - 1):
+                assert int(idx[W * t + VB + j]) == B * VB + SB * t + j
+        assert torch.equal(idx.sort().values, torch.arange(B * W))
+
+
+@pytest.mark.parametrize("fnuz", [False, True], ids=["ocp", "fnuz"])
+@pytest.mark.parametrize("layout", ["aligned", "misaligned"])
+def test_quantize_insert_interleaved(flavour, fnuz, layout):
+    B, nb, T = 16, 4, 22
+    k = _rows(T + 3, seed=30 + fnuz, nonfinite=True)
+    k[T:] = float("nan")
+    mis = layout == "misaligned"
+    cache = _paged(nb, B, 528, pad=3 if mis else 32, offset=1 if mis else 0)
+    slots = torch.randperm(nb * B, generator=torch.Generator().manual_seed(8))[:T]
+    slots[2] = -1
+    slots[0] = 0
+    slots[1] = nb * B - 1
+    args = [k, cache, slots, B, fnuz, 528, True]
+    _both(CK.quantize_and_insert_k_cache, _il_ref(ref_k_cache.quantize_and_insert_k_cache, 1),
+          args, [1])
+    ref = _ref_direct(ref_k_cache.quantize_and_insert_k_cache)
+    if ref is not None:
+        _both(CK.quantize_and_insert_k_cache, ref, args, [1])
+    # interleaved=False is today's paged op
+    _both(CK.quantize_and_insert_k_cache, ref_k_cache.quantize_and_insert_k_cache,
+          args[:6] + [False], [1])
+
+
+@pytest.mark.parametrize("fnuz", [False, True], ids=["ocp", "fnuz"])
+@pytest.mark.parametrize("width", [528, 288])
+def test_gather_interleaved(flavour, fnuz, width):
+    if width == 288 and fnuz:
+        pytest.skip("NVFP4 has no fp8 flavour")
+    cache, seq, table, out = _gather_case(width, seed=width + 1)
+    il = _clone(cache)
+    _relayout(il, to_interleaved=True)
+    gl = torch.tensor([13, 5, 0, 0], dtype=torch.int32)
+    for args in ([out, il, seq, None, table, 16, 0, fnuz, True],
+                 [out, il, seq, gl, table, 16, 3, fnuz, True]):
+        a, _ = _both(CK.dequantize_and_gather_k_cache,
+                     _il_ref(ref_k_cache.dequantize_and_gather_k_cache, 1), args, [0])
+        # the interleaved copy of a cache gathers to the same rows as the paged one
+        p = _clone(args[0])
+        CK.dequantize_and_gather_k_cache(p, cache, *args[2:8], False)
+        assert torch.equal(a[0].view(torch.int16), p.view(torch.int16))
+        ref = _ref_direct(ref_k_cache.dequantize_and_gather_k_cache)
+        if ref is not None:
+            _both(CK.dequantize_and_gather_k_cache, ref, args, [0])
+
+
+def test_gather_interleaved_misaligned_narrow_grid(flavour):
+    for width in (528, 288):
+        cache, seq, table, out = _gather_case(width, seed=5, offset_storage=1, pad=5)
+        _relayout(cache, to_interleaved=True)
+        old = CK.CONFIG["gather_programs"]
+        CK.CONFIG["gather_programs"] = 1
+        try:
+            _both(CK.dequantize_and_gather_k_cache,
+                  _il_ref(ref_k_cache.dequantize_and_gather_k_cache, 1),
+                  [out, cache, seq, None, table, 16, 2, False, True], [0])
+        finally:
+            CK.CONFIG["gather_programs"] = old
+
+
+@pytest.mark.parametrize("sanitize", [False, True], ids=["plain", "sanitize"])
+@pytest.mark.parametrize("cr", [1, 2])
+@pytest.mark.parametrize("kind", [528, 288])
+def test_rope_quant_insert_interleaved(flavour, kind, cr, sanitize):
+    args = _rope_args(kind, cr, sanitize, cs_dtype=BF16 if cr == 1 else F32, seed=10 + cr) + [True]
+    _both(CK.rope_quant_insert, _il_ref(ref_compress.rope_quant_insert, 3), args, [3])
+    ref = _ref_direct(ref_compress.rope_quant_insert)
+    if ref is not None:
+        _both(CK.rope_quant_insert, ref, args, [3])
+
+
+@pytest.mark.parametrize("kind", [528, 288])
+def test_rope_quant_insert_interleaved_misaligned(flavour, kind):
+    args = _rope_args(kind, 2, False, misaligned=True, odd_latent=True, seed=12) + [True]
+    _both(CK.rope_quant_insert, _il_ref(ref_compress.rope_quant_insert, 3), args, [3])
+    ref = _ref_direct(ref_compress.rope_quant_insert)
+    if ref is not None:
+        _both(CK.rope_quant_insert, ref, args, [3])
 
 
 # --------------------------------------------------------------------------------------
@@ -785,6 +1042,32 @@ def _gpu_cases():
                 return ("indexer_k_norm_rope_store", ref_indexer.indexer_k_norm_rope_store,
                         _indexer_args(fp4, tiled, npt, cr, seed=cr), [5])
             cases.append((f"indexer-{layout}-cr{cr}", c))
+    # the interleaved 528 / 288 records (expected bytes: the paged reference, permuted)
+    for fnuz in (False, True):
+        def c(fnuz=fnuz):
+            B, nb, T = 16, 4, 22
+            slots = torch.randperm(nb * B, generator=torch.Generator().manual_seed(8))[:T]
+            slots[2] = -1
+            return ("quantize_and_insert_k_cache",
+                    _il_ref(ref_k_cache.quantize_and_insert_k_cache, 1),
+                    [_rows(T + 3, seed=30 + fnuz, nonfinite=True), _paged(nb, B, 528, pad=32),
+                     slots, B, fnuz, 528, True], [1])
+        cases.append((f"insert-528-{'fnuz' if fnuz else 'ocp'}-il", c))
+    for width in (528, 288):
+        def c(width=width):
+            cache, seq, table, out = _gather_case(width, seed=width + 1)
+            _relayout(cache, to_interleaved=True)
+            gl = torch.tensor([13, 5, 0, 0], dtype=torch.int32)
+            return ("dequantize_and_gather_k_cache",
+                    _il_ref(ref_k_cache.dequantize_and_gather_k_cache, 1),
+                    [out, cache, seq, gl, table, 16, 3, False, True], [0])
+        cases.append((f"gather-{width}-il", c))
+        for cr in (1, 2):
+            def c(width=width, cr=cr):
+                return ("rope_quant_insert", _il_ref(ref_compress.rope_quant_insert, 3),
+                        _rope_args(width, cr, False, cs_dtype=BF16 if cr == 1 else F32,
+                                   seed=10 + cr) + [True], [3])
+            cases.append((f"rope-{width}-cr{cr}-il", c))
     return cases
 
 
@@ -825,6 +1108,20 @@ def test_gpu_save_compress_norm(gpu_flavour):
               [kv, torch.arange(12), None, slots, None, None, w, 1e-6, 1, out], [9])
     _both_gpu(gpu_flavour.fused_save_compress_norm, ref_compress.fused_save_compress_norm,
               _cr2_args(), [2, 9])
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("tokens", ["decode", "pairs"])
+def test_gpu_save_compress_norm_prev_rows_and_save_ring_rows(gpu_flavour, tokens, monkeypatch):
+    if tokens == "pairs":
+        monkeypatch.setattr(gpu_flavour.launch, "DECODE_T", 0)
+    _both_gpu(gpu_flavour.fused_save_compress_norm, _ref_prev_rows, _cr2_prev_args(), [2, 9])
+    g = torch.Generator().manual_seed(3)
+    rows = torch.randn(10, 1040, generator=g)[:9, :1024]
+    state = torch.randn(3, 5, 1040, generator=g)[:, :4, :1024]
+    _both_gpu(gpu_flavour.save_ring_rows, _ref_save_ring_rows,
+              [rows, torch.tensor([5, -1, 0, 11, 7, -3, 2, 8, 9]), state], [2])
 
 
 @gpu

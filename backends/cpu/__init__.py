@@ -22,6 +22,7 @@ class CpuBackend(Backend):
         "combine_topk_swa_indices": _C + "ops:combine_topk_swa_indices",
         "build_flashinfer_mixed_sparse_indices": _C + "ops:build_flashinfer_mixed_sparse_indices",
         "fused_save_compress_norm": _C + "ops:fused_save_compress_norm",
+        "save_ring_rows": _C + "ops:save_ring_rows",
         "fused_indexer_q_rope_quant": _C + "ops:fused_indexer_q_rope_quant",
         "fused_inv_rope_fp8_quant": _C + "ops:fused_inv_rope_fp8_quant",
         "fused_q_kv_rmsnorm_quant": _C + "ops:fused_q_kv_rmsnorm_quant",

@@ -13,6 +13,7 @@
 // below 128 tokens).  The per-token work
 // is written twice with identical results: `port` (plain loops, auto-vectorized, any CPU)
 // and `simd` (AVX-512 intrinsics, 16 fp32 lanes); `tok` names the one compiled in.
+// 528 / 288 records come paged or interleaved (a trailing `interleaved` flag, see RecLayout).
 // Negative slots are skipped.  Nothing outside a token's record bytes is touched (page
 // padding stays as it was).
 
@@ -693,14 +694,28 @@ static inline void prefetch_lines(const void* p, int64_t bytes, bool write) {
         else __builtin_prefetch(c + bytes - 1, 0, 3);
     }
 }
-// the value and scale bytes of slot `slot` in a segregated page (row-major layouts)
-static inline void prefetch_record(uint8_t* cache, int64_t ps, int64_t B, int64_t slot, int64_t vb,
-                                   int64_t sb, bool write) {
+// Where token o's bytes sit in its page: values at o * vs, scales at s0 + o * ss.  Paged
+// records keep the page's values first and its scales after them; interleaved records (528 /
+// 288 as vLLM 0.33 writes them) keep each token's values and scales together.  Computed once
+// per call, so both layouts run the same loops.
+struct RecLayout {
+    int64_t vs, s0, ss;
+};
+static inline RecLayout rec_layout(int64_t B, int64_t vb, int64_t sb, bool interleaved) {
+    return interleaved ? RecLayout{vb + sb, vb, vb + sb} : RecLayout{vb, B * vb, sb};
+}
+// the value and scale bytes of slot `slot` (row-major layouts)
+static inline void prefetch_record(uint8_t* cache, int64_t ps, int64_t B, int64_t slot,
+                                   const RecLayout& L, int64_t vb, int64_t sb, bool write) {
     if (slot < 0) return;
     uint8_t* pg = cache + (slot / B) * ps;
     const int64_t o = slot % B;
-    prefetch_lines(pg + o * vb, vb, write);
-    prefetch_lines(pg + B * vb + o * sb, sb, write);
+    prefetch_lines(pg + o * L.vs, vb, write);
+    prefetch_lines(pg + L.s0 + o * L.ss, sb, write);
+}
+static inline void prefetch_record(uint8_t* cache, int64_t ps, int64_t B, int64_t slot, int64_t vb,
+                                   int64_t sb, bool write) {
+    prefetch_record(cache, ps, B, slot, rec_layout(B, vb, sb, false), vb, sb, write);
 }
 static inline void prefetch_cs_row(const void* cs, int32_t cs_bf16, int64_t s0, int64_t s1, int64_t row) {
     const int64_t esz = cs_bf16 ? 2 : 4;
@@ -716,9 +731,10 @@ template <bool FNUZ>
 static void quantize_insert_584(const uint16_t* k, int64_t ks0, uint8_t* cache, int64_t ps,
                                 const int64_t* slots, int64_t T, int64_t B) {
     const uint32_t* thr = ceil_log2_table().thr;
+    const RecLayout L = rec_layout(B, 576, 8, false);
 #pragma omp parallel for schedule(dynamic, CHUNK) if (T >= PAR_MIN)
     for (int64_t t = 0; t < T; ++t) {
-        if (t + PF < T) prefetch_record(cache, ps, B, slots[t + PF], 576, 8, true);
+        if (t + PF < T) prefetch_record(cache, ps, B, slots[t + PF], L, 576, 8, true);
         const int64_t slot = slots[t];
         if (slot < 0) continue;
         const int64_t blk = slot / B, o = slot % B;
@@ -736,18 +752,19 @@ static void quantize_insert_584(const uint16_t* k, int64_t ks0, uint8_t* cache, 
 
 template <bool FNUZ>
 static void quantize_insert_528(const uint16_t* k, int64_t ks0, uint8_t* cache, int64_t ps,
-                                const int64_t* slots, int64_t T, int64_t B) {
+                                const int64_t* slots, int64_t T, int64_t B, bool interleaved) {
     const uint32_t* thr = ceil_log2_table().thr;
+    const RecLayout L = rec_layout(B, 512, 16, interleaved);
 #pragma omp parallel for schedule(dynamic, CHUNK) if (T >= PAR_MIN)
     for (int64_t t = 0; t < T; ++t) {
-        if (t + PF < T) prefetch_record(cache, ps, B, slots[t + PF], 512, 16, true);
+        if (t + PF < T) prefetch_record(cache, ps, B, slots[t + PF], L, 512, 16, true);
         const int64_t slot = slots[t];
         if (slot < 0) continue;
         const int64_t blk = slot / B, o = slot % B;
         uint8_t* page = cache + blk * ps;
         alignas(64) float x[HEAD];
         tok::bf16_to_f32(k + t * ks0, x, HEAD);
-        tok::quant_ue8m0<32, 16, FNUZ>(x, page + o * 512, page + B * 512 + o * 16, false, thr);
+        tok::quant_ue8m0<32, 16, FNUZ>(x, page + o * L.vs, page + L.s0 + o * L.ss, false, thr);
     }
 }
 
@@ -757,7 +774,10 @@ template <int W, bool FNUZ>
 static void gather_impl(uint16_t* out, int64_t os0, int64_t os1, const uint8_t* cache, int64_t ps,
                         const int32_t* seq_lens, const int32_t* gather_lens, int64_t R,
                         const int32_t* bt, int64_t bts0, int64_t bts1, int64_t B,
-                        int64_t offset) {
+                        int64_t offset, bool interleaved) {
+    constexpr int64_t VB = W == 584 ? 576 : W == 528 ? 512 : 256;
+    constexpr int64_t SB = W == 584 ? 8 : W == 528 ? 16 : 32;
+    const RecLayout L = rec_layout(B, VB, SB, interleaved);
     std::vector<int64_t> first(R + 1);
     first[0] = 0;
     for (int64_t r = 0; r < R; ++r) {
@@ -779,9 +799,7 @@ static void gather_impl(uint16_t* out, int64_t os0, int64_t os1, const uint8_t* 
                     while (j >= first[rp + 1]) ++rp;
                     const int64_t pj = (int64_t)seq_lens[rp] - (first[rp + 1] - first[rp]) + (j - first[rp]);
                     const int64_t bj = bt[rp * bts0 + (pj / B) * bts1];
-                    constexpr int64_t VB = W == 584 ? 576 : W == 528 ? 512 : 256;
-                    constexpr int64_t SB = W == 584 ? 8 : W == 528 ? 16 : 32;
-                    prefetch_record(const_cast<uint8_t*>(cache), ps, B, bj * B + pj % B, VB, SB, false);
+                    prefetch_record(const_cast<uint8_t*>(cache), ps, B, bj * B + pj % B, L, VB, SB, false);
                 }
                 while (idx >= first[r + 1]) ++r;
                 const int64_t i = idx - first[r];
@@ -795,9 +813,9 @@ static void gather_impl(uint16_t* out, int64_t os0, int64_t os1, const uint8_t* 
                     tok::decode_ue8m0<64, 7, FNUZ>(page + o * 576, page + B * 576 + o * 8, dst);
                     std::memcpy(dst + NOPE, page + o * 576 + NOPE, 128);
                 } else if (W == 528) {
-                    tok::decode_ue8m0<32, 16, FNUZ>(page + o * 512, page + B * 512 + o * 16, dst);
+                    tok::decode_ue8m0<32, 16, FNUZ>(page + o * L.vs, page + L.s0 + o * L.ss, dst);
                 } else {
-                    tok::decode_nvfp4(page + o * 256, page + B * 256 + o * 32, dst);
+                    tok::decode_nvfp4(page + o * L.vs, page + L.s0 + o * L.ss, dst);
                 }
             }
         }
@@ -812,10 +830,11 @@ static void rope_quant_insert_impl(const uint16_t* latent, int64_t ls0, const in
                                    const void* cs, int32_t cs_bf16, int64_t cs_s0, int64_t cs_s1,
                                    void* cache, int64_t c_s0, int64_t c_s1, const int64_t* slots,
                                    int64_t T, int64_t B, int64_t CR, float inv_scale,
-                                   bool sanitize) {
+                                   bool sanitize, bool interleaved) {
     const uint32_t* thr = ceil_log2_table().thr;
     const int64_t vb = KIND == RK_584 ? 576 : KIND == RK_528 ? 512 : 256;
     const int64_t sb = KIND == RK_584 ? 8 : KIND == RK_528 ? 16 : 32;
+    const RecLayout L = rec_layout(B, vb, sb, interleaved);
     const int64_t esz = KIND == RK_BF16 ? 2 : 1;
 #pragma omp parallel for schedule(dynamic, CHUNK) if (T >= PAR_MIN)
     for (int64_t t = 0; t < T; ++t) {
@@ -825,7 +844,7 @@ static void rope_quant_insert_impl(const uint16_t* latent, int64_t ls0, const in
                 prefetch_cs_row(cs, cs_bf16, cs_s0, cs_s1, (pp / CR) * CR);
                 prefetch_lines(latent + (t + PF) * ls0, HEAD * 2, false);
                 if (KIND <= RK_288)
-                    prefetch_record((uint8_t*)cache, c_s0, B, sp, vb, sb, true);
+                    prefetch_record((uint8_t*)cache, c_s0, B, sp, L, vb, sb, true);
                 else
                     prefetch_lines((uint8_t*)cache + ((sp / B) * c_s0 + (sp % B) * c_s1) * esz, HEAD * esz, true);
             }
@@ -851,10 +870,10 @@ static void rope_quant_insert_impl(const uint16_t* latent, int64_t ls0, const in
             std::memcpy(val + NOPE, tail, 128);
         } else if (KIND == RK_528) {
             uint8_t* pg = (uint8_t*)cache + page * c_s0;
-            tok::quant_ue8m0<32, 16, false>(rot, pg + o * 512, pg + B * 512 + o * 16, sanitize, thr);
+            tok::quant_ue8m0<32, 16, false>(rot, pg + o * L.vs, pg + L.s0 + o * L.ss, sanitize, thr);
         } else if (KIND == RK_288) {
             uint8_t* pg = (uint8_t*)cache + page * c_s0;
-            tok::quant_nvfp4<32>(rot, pg + o * 256, pg + B * 256 + o * 32);
+            tok::quant_nvfp4<32>(rot, pg + o * L.vs, pg + L.s0 + o * L.ss);
         } else if (KIND == RK_BF16) {
             tok::store_bf16_canon(rot, (uint16_t*)cache + page * c_s0 + o * c_s1, HEAD);
         } else {
@@ -1005,12 +1024,15 @@ int dsv41_cache_kernels_simd(void) { return DSV41_CPU_AVX512; }
 
 int dsv41_quantize_insert_k(const uint16_t* k, int64_t ks0, uint8_t* cache, int64_t page_stride,
                             const int64_t* slots, int64_t T, int64_t block_size,
-                            int32_t use_fnuz, int32_t bytes_per_token) {
+                            int32_t use_fnuz, int32_t bytes_per_token, int32_t interleaved) {
     if (T <= 0) return 0;
     if (block_size <= 0) return -1;
     if (bytes_per_token == 528) {
-        if (use_fnuz) quantize_insert_528<true>(k, ks0, cache, page_stride, slots, T, block_size);
-        else quantize_insert_528<false>(k, ks0, cache, page_stride, slots, T, block_size);
+        const bool il = interleaved != 0;
+        if (use_fnuz) quantize_insert_528<true>(k, ks0, cache, page_stride, slots, T, block_size, il);
+        else quantize_insert_528<false>(k, ks0, cache, page_stride, slots, T, block_size, il);
+    } else if (interleaved) {
+        return -2;  // the 584 record has no interleaved layout
     } else {
         if (use_fnuz) quantize_insert_584<true>(k, ks0, cache, page_stride, slots, T, block_size);
         else quantize_insert_584<false>(k, ks0, cache, page_stride, slots, T, block_size);
@@ -1022,13 +1044,14 @@ int dsv41_dequant_gather_k(uint16_t* out, int64_t os0, int64_t os1, const uint8_
                            int64_t page_stride, int32_t width, const int32_t* seq_lens,
                            const int32_t* gather_lens, int64_t num_reqs, const int32_t* bt,
                            int64_t bts0, int64_t bts1, int64_t block_size, int64_t offset,
-                           int32_t use_fnuz) {
+                           int32_t use_fnuz, int32_t interleaved) {
     if (num_reqs <= 0) return 0;
     if (block_size <= 0) return -1;
 #define DSV41_G(W, F)                                                                          \
     gather_impl<W, F>(out, os0, os1, cache, page_stride, seq_lens, gather_lens, num_reqs, bt, \
-                      bts0, bts1, block_size, offset)
+                      bts0, bts1, block_size, offset, interleaved != 0)
     if (width == 584) {
+        if (interleaved) return -2;  // the 584 record has no interleaved layout
         if (use_fnuz) DSV41_G(584, true); else DSV41_G(584, false);
     } else if (width == 528) {
         if (use_fnuz) DSV41_G(528, true); else DSV41_G(528, false);
@@ -1044,17 +1067,19 @@ int dsv41_dequant_gather_k(uint16_t* out, int64_t os0, int64_t os1, const uint8_
 // kind: 0 = 584, 1 = 528, 2 = 288 (uint8 paged records; c_s0 = page bytes),
 //       3 = plain bf16 rows, 4 = plain e4m3fn rows (c_s0 / c_s1 in elements).
 // fp8_scale: the 1-element fp32 per-tensor scale of kind 4 (inv = 1/scale, IEEE fp32).
+// interleaved: kinds 1 / 2 only, each token's scales right after its values (RecLayout).
 int dsv41_rope_quant_insert(const uint16_t* latent, int64_t ls0, const int64_t* positions,
                             const void* cs, int32_t cs_bf16, int64_t cs_s0, int64_t cs_s1,
                             void* cache, int32_t kind, int64_t c_s0, int64_t c_s1,
                             const int64_t* slots, int64_t T, int64_t B, int64_t CR,
-                            const float* fp8_scale, int32_t sanitize) {
+                            const float* fp8_scale, int32_t sanitize, int32_t interleaved) {
     if (T <= 0) return 0;
     if (B <= 0 || CR <= 0) return -1;
+    if (interleaved && kind != RK_528 && kind != RK_288) return -2;  // only 528 / 288 interleave
     const float inv = fp8_scale ? 1.0f / fp8_scale[0] : 1.0f;
 #define DSV41_R(K)                                                                          \
     rope_quant_insert_impl<K>(latent, ls0, positions, cs, cs_bf16, cs_s0, cs_s1, cache, c_s0, \
-                              c_s1, slots, T, B, CR, inv, sanitize != 0)
+                              c_s1, slots, T, B, CR, inv, sanitize != 0, interleaved != 0)
     switch (kind) {
         case RK_584: DSV41_R(RK_584); break;
         case RK_528: DSV41_R(RK_528); break;

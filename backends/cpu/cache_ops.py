@@ -41,9 +41,9 @@ _I32 = ctypes.c_int32
 _F32 = ctypes.c_float
 
 _SIGNATURES = {
-    "dsv41_quantize_insert_k": [_P, _I64, _P, _I64, _P, _I64, _I64, _I32, _I32],
-    "dsv41_dequant_gather_k": [_P, _I64, _I64, _P, _I64, _I32, _P, _P, _I64, _P, _I64, _I64, _I64, _I64, _I32],
-    "dsv41_rope_quant_insert": [_P, _I64, _P, _P, _I32, _I64, _I64, _P, _I32, _I64, _I64, _P, _I64, _I64, _I64, _P, _I32],
+    "dsv41_quantize_insert_k": [_P, _I64, _P, _I64, _P, _I64, _I64, _I32, _I32, _I32],
+    "dsv41_dequant_gather_k": [_P, _I64, _I64, _P, _I64, _I32, _P, _P, _I64, _P, _I64, _I64, _I64, _I64, _I32, _I32],
+    "dsv41_rope_quant_insert": [_P, _I64, _P, _P, _I32, _I64, _I64, _P, _I32, _I64, _I64, _P, _I64, _I64, _I64, _P, _I32, _I32],
     "dsv41_indexer_k_store": [_P, _I64, _P, _P, _I32, _I64, _I64, _I32, _P, _F32, _P, _I64, _I64, _P, _I64, _I64, _I32, _I32, _I64],
     "dsv41_codec_e4m3_encode": [_P, _P, _I64, _I32],
     "dsv41_codec_e4m3_decode": [_P, _P, _I64, _I32, _I32],
@@ -127,6 +127,7 @@ def quantize_and_insert_k_cache(
     block_size: int,
     use_fnuz: bool,
     bytes_per_token: int,
+    interleaved: bool = False,
 ) -> None:
     T = slot_mapping.shape[0]
     if T == 0:
@@ -136,7 +137,7 @@ def quantize_and_insert_k_cache(
     rc = library().dsv41_quantize_insert_k(
         k.data_ptr(), k.stride(0), k_cache.data_ptr(), k_cache.stride(0),
         slots.data_ptr(), T, int(block_size), int(bool(use_fnuz)),
-        528 if int(bytes_per_token) == 528 else 584,
+        528 if int(bytes_per_token) == 528 else 584, int(bool(interleaved)),
     )
     _check(rc, "quantize_and_insert_k_cache")
 
@@ -155,12 +156,14 @@ def dequantize_and_gather_k_cache(
     block_size: int,
     offset: int,
     use_fnuz: bool,
+    interleaved: bool = False,
 ) -> None:
     if out.dtype != torch.bfloat16 or out.stride(-1) != 1:
         # Outside the contract (out is bf16 with a unit last stride): let the reference do it.
         from dsv41.reference.k_cache import dequantize_and_gather_k_cache as ref
 
-        ref(out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, use_fnuz)
+        args = (out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, use_fnuz)
+        ref(*args, interleaved) if interleaved else ref(*args)
         return
     lens = _i32(seq_lens).reshape(-1).contiguous()
     glens = None if gather_lens is None else _i32(gather_lens).reshape(-1).contiguous()
@@ -173,7 +176,7 @@ def dequantize_and_gather_k_cache(
         k_cache.data_ptr(), k_cache.stride(0), int(k_cache.shape[-1]),
         lens.data_ptr(), _ptr(glens), num_reqs,
         bt.data_ptr(), bt.stride(0), bt.stride(1) if bt.dim() > 1 else 1,
-        int(block_size), int(offset), int(bool(use_fnuz)),
+        int(block_size), int(offset), int(bool(use_fnuz)), int(bool(interleaved)),
     )
     _check(rc, "dequantize_and_gather_k_cache")
 
@@ -194,6 +197,7 @@ def rope_quant_insert(
     compress_ratio: int,
     fp8_scale: torch.Tensor | None,
     sanitize_nans: bool,
+    interleaved: bool = False,
 ) -> None:
     T = slot_mapping.numel()
     if T == 0:
@@ -218,7 +222,7 @@ def rope_quant_insert(
         cs.data_ptr(), cs_bf16, cs0, cs1,
         kv_cache.data_ptr(), kind, c0, c1,
         slots.data_ptr(), T, int(kv_cache.shape[1]), int(compress_ratio),
-        _ptr(scale), int(bool(sanitize_nans)),
+        _ptr(scale), int(bool(sanitize_nans)), int(bool(interleaved)),
     )
     _check(rc, "rope_quant_insert")
 

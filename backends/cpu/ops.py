@@ -6,7 +6,8 @@ its bytes equal ``dsv41.reference``'s.  The C++ lives next to this file:
 
 * ``index_kernels.cpp`` (library ``dsv41_cpu_index``): compute_global_topk_indices_and_lens,
   combine_topk_swa_indices, build_flashinfer_mixed_sparse_indices (C §5-§7);
-* ``rope_kernels.cpp`` (library ``dsv41_cpu_rope``): fused_save_compress_norm (C §8.1),
+* ``rope_kernels.cpp`` (library ``dsv41_cpu_rope``): fused_save_compress_norm and
+  save_ring_rows (C §8.1),
   fused_indexer_q_rope_quant (R §2), fused_inv_rope_fp8_quant (R §4),
   fused_q_kv_rmsnorm_quant (R §5), pad_fused_q_heads (R §6.3).
 
@@ -17,7 +18,7 @@ odd NoPE width in the inverse RoPE, more ``seq_lens`` than requests in ``combine
 ``query_start_loc``, ...) go to the reference, so every call still gives the reference's bytes;
 ``FALLBACKS`` counts those calls per op.
 
-Registry mapping (op -> kernel): ``dsv41.backends.cpu.ops:<op name>`` for the eight ops above.
+Registry mapping (op -> kernel): ``dsv41.backends.cpu.ops:<op name>`` for the nine ops above.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "combine_topk_swa_indices",
     "build_flashinfer_mixed_sparse_indices",
     "fused_save_compress_norm",
+    "save_ring_rows",
     "fused_indexer_q_rope_quant",
     "fused_inv_rope_fp8_quant",
     "fused_q_kv_rmsnorm_quant",
@@ -60,8 +62,9 @@ _SIGS = {
     ),
     "dsv41_fused_save_compress_norm": (
         _ROPE,
-        "pii" "pii" "piiii" "piii" "piii" "pii" "pii" "di" "pi",
+        "pii" "pii" "piiii" "piii" "piii" "pii" "pii" "di" "pi" "pii" "piii",
     ),
+    "dsv41_save_ring_rows": (_ROPE, "pii" "pii" "piiii"),
     "dsv41_fused_indexer_q_rope_quant": (
         _ROPE,
         "pii" "piiiii" "piiii" "piii" "ddii" "pii" "pii" "piii",
@@ -106,6 +109,7 @@ _LIB_OF_OP = {
     "combine_topk_swa_indices": _INDEX,
     "build_flashinfer_mixed_sparse_indices": _INDEX,
     "fused_save_compress_norm": _ROPE,
+    "save_ring_rows": _ROPE,
     "fused_indexer_q_rope_quant": _ROPE,
     "fused_inv_rope_fp8_quant": _ROPE,
     "fused_q_kv_rmsnorm_quant": _ROPE,
@@ -266,11 +270,14 @@ def build_flashinfer_mixed_sparse_indices(
 def fused_save_compress_norm(
     kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices,
     rms_norm_weight, rms_norm_eps, compress_ratio, latent_out,
+    prev_rows=None, prev_row_indices=None,
 ) -> None:
     T = slot_mapping.numel()
     if T == 0:
         return None
     cr = int(compress_ratio)
+    if cr != 2:
+        prev_rows = prev_row_indices = None  # only CR 2 has a predecessor row
     ok = (
         cr in (1, 2)
         and kv_score.dtype == _F32 and kv_score.dim() == 2 and kv_score.stride(1) == 1
@@ -286,11 +293,25 @@ def fused_save_compress_norm(
             and query_start_loc is not None and query_start_loc.dtype in _IDX and query_start_loc.dim() == 1
             and token_to_req_indices is not None and token_to_req_indices.dtype in _IDX
         )
+    if ok and prev_rows is not None:
+        ok = (
+            prev_rows.dtype == _F32 and prev_rows.dim() == 2 and prev_rows.stride(1) == 1
+            and prev_rows.shape[1] >= 1024
+            and prev_row_indices is not None and prev_row_indices.dtype in _IDX
+        )
     if not ok:
-        return _reference("compress", "fused_save_compress_norm")(
+        args = (
             kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices,
             rms_norm_weight, rms_norm_eps, compress_ratio, latent_out,
         )
+        ref = _reference("compress", "fused_save_compress_norm")
+        return ref(*args) if prev_rows is None else ref(*args, prev_rows, prev_row_indices)
+    if prev_rows is not None:
+        pidx = prev_row_indices.reshape(-1)
+        prev_args = (_ptr(prev_rows), prev_rows.shape[0], prev_rows.stride(0),
+                     _ptr(pidx), int(pidx.dtype == torch.int64), pidx.shape[0], _s0(pidx))
+    else:
+        prev_args = (None, 0, 0, None, 0, 0, 0)
     pos = positions.reshape(-1)
     if cr == 2:
         st, qsl, t2r = state_cache, query_start_loc, token_to_req_indices.reshape(-1)
@@ -311,6 +332,29 @@ def fused_save_compress_norm(
         _ptr(rms_norm_weight), int(rms_norm_weight.dtype == _BF16), _s0(rms_norm_weight.reshape(-1)),
         float(rms_norm_eps), cr,
         _ptr(latent_out), latent_out.stride(0),
+        *prev_args,
+    )
+    return None
+
+
+def save_ring_rows(rows, slot_mapping, state_cache) -> None:
+    N = slot_mapping.numel()
+    if N == 0:
+        return None
+    ok = (
+        rows.dtype == _F32 and rows.dim() == 2 and rows.stride(1) == 1 and rows.shape[1] >= 1024
+        and slot_mapping.dtype in _IDX
+        and state_cache.dtype == _F32 and state_cache.dim() == 3 and state_cache.stride(2) == 1
+        and state_cache.shape[2] >= 1024
+    )
+    if not ok:
+        return _reference("compress", "save_ring_rows")(rows, slot_mapping, state_cache)
+    slots = slot_mapping.reshape(-1)
+    _fn("dsv41_save_ring_rows")(
+        _ptr(rows), N, rows.stride(0),
+        _ptr(slots), int(slots.dtype == torch.int64), _s0(slots),
+        _ptr(state_cache), state_cache.shape[0], state_cache.shape[1],
+        state_cache.stride(0), state_cache.stride(1),
     )
     return None
 

@@ -1,6 +1,7 @@
 // dsv41 CPU kernels: RoPE / quantization ops and the V4.1 compressor pooling.
 //
 //   fused_save_compress_norm    cache_ops.md §8.1      (reference: dsv41/reference/compress.py)
+//   save_ring_rows              (same reference)
 //   fused_indexer_q_rope_quant  rope_quant_ops.md §2   (reference: dsv41/reference/indexer.py)
 //   fused_inv_rope_fp8_quant    rope_quant_ops.md §4   (reference: dsv41/reference/output_quant.py)
 //   fused_q_kv_rmsnorm_quant    rope_quant_ops.md §5   (same)
@@ -246,7 +247,9 @@ void dsv41_fused_save_compress_norm(
     const void* t2r, int64_t t2r_is64, int64_t t2r_s0,
     const void* weight, int64_t w_is_bf16, int64_t w_s0,
     double eps_d, int64_t cr,
-    uint16_t* latent, int64_t lat_s0) {
+    uint16_t* latent, int64_t lat_s0,
+    const float* prev_rows, int64_t prev_n, int64_t prev_s0,
+    const void* prev_idx, int64_t prev_idx_is64, int64_t prev_idx_n, int64_t prev_idx_s0) {
     if (T <= 0) return;
     const float eps = (float)eps_d;
     float w[HEAD];
@@ -277,7 +280,14 @@ void dsv41_fused_save_compress_norm(
             req = req < 0 ? req + qsl_n : req;  // torch indexing of qsl[req]
             const bool first = req >= 0 && req < qsl_n && q[req] == t;
             const float* older;
-            if (first) {
+            // A chunk's first token takes its predecessor from prev_rows where the caller
+            // gathered one (prev_idx[req] >= 0), else from the ring.
+            const bool has_prev = first && prev_rows && req < prev_idx_n;
+            const int64_t pi = has_prev ? load_index(prev_idx, req, prev_idx_s0, prev_idx_is64 != 0) : -1;
+            if (pi >= 0) {
+                if (pi >= prev_n) continue;  // outside prev_rows (out of contract)
+                older = prev_rows + pi * prev_s0;
+            } else if (first) {
                 const int64_t blk = s / cap;
                 if (blk >= st_blocks) continue;  // outside the ring (out of contract)
                 older = state + blk * st_s0 + floor_mod(p - 1, cap) * st_s1;
@@ -292,8 +302,9 @@ void dsv41_fused_save_compress_norm(
 
     // ---- ring update: per chunk [s, e) whose first slot is >= 0, its last min(e-s, cap)
     // rows with slot >= 0 go verbatim to (slot // cap, slot % cap); last writer wins.
+    // With prev_rows the caller stores the ring itself (save_ring_rows).
     const int64_t R = qsl_n - 1;
-    if (R <= 0) return;
+    if (R <= 0 || prev_rows) return;
     std::vector<std::pair<int64_t, int64_t>> writes;  // (ring row, token)
     for (int64_t u = 0; u < T; ++u) {
         int64_t r = upper_bound_i64(q.data() + 1, R, u);
@@ -323,6 +334,24 @@ void dsv41_fused_save_compress_norm(
     }
 }
 RK_WIDE_END
+
+// save_ring_rows: rows[i] (1024 fp32) -> state[s / cap, s % cap] for s = slot[i] >= 0.  Slots
+// outside the ring are skipped, so a bad slot never writes outside it.  Rows go in parallel
+// once there are many, so duplicate slots (unspecified by the contract) may land in any order.
+void dsv41_save_ring_rows(
+    const float* rows, int64_t n, int64_t rows_s0,
+    const void* slot, int64_t slot_is64, int64_t slot_s0,
+    float* state, int64_t st_blocks, int64_t cap, int64_t st_s0, int64_t st_s1) {
+    if (n <= 0 || cap <= 0) return;
+    const int64_t limit = st_blocks * cap;
+#pragma omp parallel for schedule(static) if (n * 4096 >= kParallelMinBytes && n > 1)
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t s = load_index(slot, i, slot_s0, slot_is64 != 0);
+        if (s < 0 || s >= limit) continue;
+        std::memcpy(state + (s / cap) * st_s0 + (s % cap) * st_s1, rows + i * rows_s0,
+                    sizeof(float) * 2 * HEAD);
+    }
+}
 
 }  // extern "C"
 

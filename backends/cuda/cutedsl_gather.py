@@ -6,7 +6,12 @@ Records (``k_cache.shape[-1]``):
   then 8 scale bytes (7 codes + pad) in the page's scale region;
 * 528 (V4.1 MXFP8): 512 e4m3 values x ue8m0 per 32 dims, 16 scale bytes.
 
-The 288-byte NVFP4 record is not handled here (the capability sheet routes it elsewhere).
+Page layout: *paged* (a page holds every token's value record, then every token's scale record)
+or, for 528 only, *interleaved* (``interleaved=True``, what vLLM 0.33.0 writes: each token's value
+record is followed directly by its scale record, ``width`` bytes per token).  The layout is a
+compile-time constant of the variant, so the paged kernels are unchanged by it.
+
+The 288-byte NVFP4 record (either layout) is not decoded here: it goes to the Triton kernel.
 
 Numerics (§2.2, bit-exact with ``dsv41.reference.k_cache``): ``out = bf16_RNE(fp32(e4m3) *
 2^(code-127))`` with the scale built from its bits (``code << 23``: code 0 -> 0, 255 -> +inf), the
@@ -16,9 +21,10 @@ e4m3 -> fp32 conversion exact (``cvt.rn.f16x2.e4m3x2`` then ``cvt.f32.f16``), th
 The 584 tail is copied verbatim (NaN payloads kept).
 
 **OCP e4m3 (e4m3fn) only.**  The CuTe kernel does not decode FNUZ caches (``SUPPORTS_FNUZ`` is
-False) nor the 288 record: for those calls (``unsupported_reason`` says why) the launcher hands
-the call, unchanged, to the Triton kernel of the same op (``backends/triton/sheet.py``), so the
-op never raises for them and the selection stays per op.
+False), the 288 record, nor an interleaved 584 (which no caller writes): for those calls
+(``unsupported_reason`` says why) the launcher hands the call, unchanged, to the Triton kernel of
+the same op (``backends/triton/sheet.py``), so the op never raises for them and the selection
+stays per op.
 
 Work decomposition (bandwidth design): one warp per token, 8 warps per CTA, each warp keeps
 ``_TOKENS_PER_WARP`` tokens in flight (all block-table and 16-byte record loads are issued before
@@ -30,9 +36,9 @@ token chunks ``y, y+W, ...`` of request r (grid-stride), so the result does not 
 last valid token (always a valid address) and skip the store: only rows ``[offset, offset+n)`` are
 written.  ``block_table.stride(0)`` (and every other stride) is honoured.
 
-Compiled once per (arch, record, alignment class of the cache / output, gather_lens given) — every
-size, stride, pointer and ``block_size`` / ``offset`` is a runtime argument, so a new token count
-never recompiles.  The launch goes on the current torch CUDA stream, with no host sync and no
+Compiled once per (arch, record, layout, alignment class of the cache / output, gather_lens
+given) — every size, stride, pointer and ``block_size`` / ``offset`` is a runtime argument, so a
+new token count never recompiles.  The launch goes on the current torch CUDA stream, with no host sync and no
 allocation.
 
 The module also holds the small CuTe-DSL helpers shared with ``cutedsl_indexer_q`` (raw
@@ -53,6 +59,7 @@ __all__ = [
     "unsupported_reason",
     "SUPPORTS_FNUZ",
     "RECORDS",
+    "INTERLEAVED_RECORDS",
     "compile_gather",
     "aot_variants",
     "lane_layout",
@@ -75,6 +82,8 @@ RECORDS = {
     584: (576, 8, 448, 64),
     528: (512, 16, 512, 32),
 }
+# records that also come in the interleaved layout (the 584 record is always paged)
+INTERLEAVED_RECORDS = (528,)
 
 
 # --------------------------------------------------------------------------------------
@@ -103,11 +112,15 @@ def lane_layout(width: int, lane, select):
     return is_quant, value_off, scale_off
 
 
-def token_addresses(width: int, block_size, page_bytes, blk, t):
+def token_addresses(width: int, block_size, page_bytes, blk, t, interleaved: bool = False):
     """Byte offsets (from the cache's first byte) of the value record and the scale record of
-    page token ``t`` of block ``blk`` (spec §1.1-§1.3).  Works on ints, torch or DSL values."""
+    page token ``t`` of block ``blk`` (spec §1.1-§1.3).  Works on ints, torch or DSL values;
+    ``interleaved`` is a Python bool (the layout of the variant)."""
     vb, sb, _, _ = RECORDS[width]
     page = blk * page_bytes
+    if interleaved:
+        rec = page + t * width
+        return rec, rec + vb
     return page + t * vb, page + block_size * vb + t * sb
 
 
@@ -443,7 +456,7 @@ _GATHER_ARGS = (
 )
 
 
-def _make_gather(width: int, align_in: int, align_out: int, has_gather: bool):
+def _make_gather(width: int, align_in: int, align_out: int, has_gather: bool, interleaved: bool = False):
     """Build the (kernel, host) pair for one variant.  All variant parameters are Python
     constants captured by the closures (compile-time); everything else is a runtime argument."""
     import cuda.bindings.driver as cuda
@@ -499,7 +512,9 @@ def _make_gather(width: int, align_in: int, align_out: int, has_gather: bool):
                     bi = pos // bsz
                     t = pos - bi * bsz
                     blk = ld_s32(bt_row + Int64(bi) * 4)
-                    voff, soff = token_addresses(width, Int64(block_size), page_bytes, Int64(blk), Int64(t))
+                    voff, soff = token_addresses(
+                        width, Int64(block_size), page_bytes, Int64(blk), Int64(t), interleaved
+                    )
                     vaddr.append(base + voff + value_off)
                     saddr.append(base + soff + scale_off)
                 # 2) all record loads in flight
@@ -551,10 +566,15 @@ def _example_args():
     return [Int64(0)] * 11 + [Int32(64), Int32(0), Int32(1), Int32(1)]
 
 
-def compile_gather(arch: str, width: int, align_in: int = 16, align_out: int = 16, has_gather: bool = True):
+def compile_gather(
+    arch: str, width: int, align_in: int = 16, align_out: int = 16, has_gather: bool = True,
+    interleaved: bool = False,
+):
     """Compile (or fetch) one variant for ``arch`` (``sm_90a``, ``sm_100a``, ...); needs no GPU.
     Returns a ``FastLaunch``."""
-    key = (arch, width, align_in, align_out, has_gather)
+    if interleaved and width not in INTERLEAVED_RECORDS:
+        raise ValueError(f"no interleaved layout for the {width} record")
+    key = (arch, width, align_in, align_out, has_gather, interleaved)
     fn = _COMPILED.get(key)
     if fn is not None:
         return fn
@@ -564,7 +584,7 @@ def compile_gather(arch: str, width: int, align_in: int = 16, align_out: int = 1
             import cutlass.cute as cute
             from cutlass.cute.runtime import make_fake_stream
 
-            _, host = _make_gather(width, align_in, align_out, has_gather)
+            _, host = _make_gather(width, align_in, align_out, has_gather, interleaved)
             compiled = cute.compile[compile_options(arch)](host, *_example_args(), make_fake_stream())
             fn = _COMPILED[key] = FastLaunch(compiled, _GATHER_ARGS)
     return fn
@@ -573,16 +593,18 @@ def compile_gather(arch: str, width: int, align_in: int = 16, align_out: int = 1
 def aot_variants():
     """(name, builder(arch)) pairs that ``cutedsl_aot.compile_all`` builds."""
     out = []
-    for width in RECORDS:
+    layouts = [(w, False) for w in RECORDS] + [(w, True) for w in INTERLEAVED_RECORDS]
+    for width, il in layouts:
+        rec = f"{width},il" if il else f"{width}"
         for has_gather in (True, False):
             out.append((
-                f"gather[{width},a16,o16,gl={int(has_gather)}]",
-                lambda arch, w=width, g=has_gather: compile_gather(arch, w, 16, 16, g),
+                f"gather[{rec},a16,o16,gl={int(has_gather)}]",
+                lambda arch, w=width, g=has_gather, il=il: compile_gather(arch, w, 16, 16, g, il),
             ))
         # the fallback for oddly aligned views
         out.append((
-            f"gather[{width},a1,o2,gl=1]",
-            lambda arch, w=width: compile_gather(arch, w, 1, 2, True),
+            f"gather[{rec},a1,o2,gl=1]",
+            lambda arch, w=width, il=il: compile_gather(arch, w, 1, 2, True, il),
         ))
     return out
 
@@ -592,26 +614,33 @@ def aot_variants():
 # --------------------------------------------------------------------------------------
 
 
-def unsupported_reason(out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, use_fnuz):
+def unsupported_reason(
+    out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, use_fnuz, interleaved=False
+):
     """None when the CuTe kernel handles the call (kernel-contract arguments), else why the
     launcher hands it to the Triton kernel (the 288 NVFP4 record, FNUZ caches)."""
-    if k_cache.shape[-1] not in RECORDS:
-        return f"cuda:cutedsl gather handles the 584 / 528 records, not {k_cache.shape[-1]}"
+    width = k_cache.shape[-1]
+    if width not in RECORDS:
+        return f"cuda:cutedsl gather handles the 584 / 528 records, not {width}"
+    if interleaved and width not in INTERLEAVED_RECORDS:
+        return f"cuda:cutedsl gather has no interleaved layout for the {width} record"
     if use_fnuz:
         return "cuda:cutedsl gather decodes OCP e4m3 only (use_fnuz=True)"
     return None
 
 
 def dequantize_and_gather_k_cache(
-    out, k_cache, seq_lens, gather_lens, block_table, block_size: int, offset: int, use_fnuz: bool
+    out, k_cache, seq_lens, gather_lens, block_table, block_size: int, offset: int, use_fnuz: bool,
+    interleaved: bool = False,
 ) -> None:
     """Kernel-contract entry (docs/kernel_contract.md): writes ``out[r, offset:offset+n]``.
 
     FNUZ caches and the 288 record go to the Triton kernel (``unsupported_reason``)."""
     width = k_cache.shape[-1]
-    if use_fnuz or width not in RECORDS:
+    interleaved = bool(interleaved)
+    if use_fnuz or width not in RECORDS or (interleaved and width not in INTERLEAVED_RECORDS):
         return triton_fallback("dequantize_and_gather_k_cache")(
-            out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, use_fnuz
+            out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, use_fnuz, interleaved
         )
     num_reqs = seq_lens.shape[0]
     if num_reqs == 0:
@@ -625,7 +654,8 @@ def dequantize_and_gather_k_cache(
     s0, s1 = 2 * os0, 2 * os1
     has_gather = gather_lens is not None
     fn = compile_gather(
-        device_arch(idx), width, alignment(cache_ptr, page_bytes), alignment(out_ptr, s0, s1), has_gather
+        device_arch(idx), width, alignment(cache_ptr, page_bytes), alignment(out_ptr, s0, s1), has_gather,
+        interleaved,
     )
     grid_x, grid_y = gather_grid(num_reqs, out.shape[1] - offset, sm_count(idx))
     fn(

@@ -43,6 +43,7 @@ Op -> launcher:
   rope_quant_insert             -> rope_quant_insert
   indexer_k_norm_rope_store     -> indexer_k_norm_rope_store
   fused_save_compress_norm      -> fused_save_compress_norm
+  save_ring_rows                -> save_ring_rows
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ __all__ = [
     "rope_quant_insert",
     "indexer_k_norm_rope_store",
     "fused_save_compress_norm",
+    "save_ring_rows",
 ]
 
 # --------------------------------------------------------------------------------------
@@ -450,6 +452,27 @@ def _slot_page(slot_ptr, t, T, block_size, page_stride):
 
 
 @triton.jit
+def _value_base(page, tok, VB: tl.constexpr, SB: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """Byte offset of token ``tok``'s value bytes in its page.  Paged layout: the page's
+    values, then its scales; interleaved (vLLM 0.33's 528 / 288 records): each token's
+    scales right after its values."""
+    if INTERLEAVED:
+        return page + tok * (VB + SB)
+    else:
+        return page + tok * VB
+
+
+@triton.jit
+def _scale_base(page, tok, block_size, VB: tl.constexpr, SB: tl.constexpr,
+                INTERLEAVED: tl.constexpr):
+    """Byte offset of token ``tok``'s scale bytes in its page (see ``_value_base``)."""
+    if INTERLEAVED:
+        return page + tok * (VB + SB) + VB
+    else:
+        return page + block_size * VB + tok * SB
+
+
+@triton.jit
 def _store_i16(cache_ptr, dst, j, bits, valid, TAIL_I16: tl.constexpr):
     """Store int16 ``bits[BT, n]`` at byte offsets ``dst[BT] + 2 j`` (little-endian)."""
     if TAIL_I16:
@@ -831,15 +854,15 @@ def _quant_insert_kernel(
     NG: tl.constexpr, G: tl.constexpr, NQ: tl.constexpr, VB: tl.constexpr, SB: tl.constexpr,
     HAS_TAIL: tl.constexpr, TAIL_I16: tl.constexpr, FNUZ: tl.constexpr, SOFT: tl.constexpr,
     EXACT_LOG2: tl.constexpr, BLOCK_T: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, INTERLEAVED: tl.constexpr = False,
 ):
     launch.pdl_prologue(PDL)
     FP8_MAX: tl.constexpr = 224.0 if FNUZ else 448.0
     W: tl.constexpr = NG * G
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     valid, page, tok = _slot_page(slot_ptr, t, T, block_size, page_stride)
-    vbase = page + tok * VB
-    sbase = page + block_size * VB + tok * SB
+    vbase = _value_base(page, tok, VB, SB, INTERLEAVED)
+    sbase = _scale_base(page, tok, block_size, VB, SB, INTERLEAVED)
     krow = t.to(tl.int64) * k_stride
 
     # rows are loaded for every t < T, so the loads do not wait for the slot load
@@ -875,7 +898,8 @@ def _align(t: torch.Tensor, *strides) -> int:
     return 1
 
 
-def quantize_and_insert_k_cache(k, k_cache, slot_mapping, block_size, use_fnuz, bytes_per_token):
+def quantize_and_insert_k_cache(k, k_cache, slot_mapping, block_size, use_fnuz, bytes_per_token,
+                                interleaved=False):
     T = slot_mapping.shape[0]
     if T == 0:
         return
@@ -889,7 +913,7 @@ def quantize_and_insert_k_cache(k, k_cache, slot_mapping, block_size, use_fnuz, 
         VB=512 if v41 else 576, SB=16 if v41 else 8,
         HAS_TAIL=not v41, TAIL_I16=_align(k_cache, page_stride) >= 2,
         FNUZ=bool(use_fnuz), SOFT=_soft(k_cache), EXACT_LOG2=_exact_log2(),
-        BLOCK_T=BT, PDL=pdl, num_warps=NW, **launch.pdl_kwargs(pdl),
+        BLOCK_T=BT, PDL=pdl, INTERLEAVED=bool(interleaved), num_warps=NW, **launch.pdl_kwargs(pdl),
     )
 
 
@@ -904,7 +928,7 @@ def _gather_kernel(
     bt_ptr, bt_s0, block_size: tl.constexpr, offset,
     REC: tl.constexpr, HAS_GL: tl.constexpr, TAIL_I16: tl.constexpr, FNUZ: tl.constexpr,
     SOFT: tl.constexpr, BLOCK_T: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, INTERLEAVED: tl.constexpr = False,
 ):
     launch.pdl_prologue(PDL)
     r = tl.program_id(0)
@@ -930,11 +954,11 @@ def _gather_kernel(
         if REC == 288:
             # NVFP4: 256 packed bytes, 32 e4m3 scales (always OCP)
             kb = tl.arange(0, 256)
-            pb = tl.load(cache_ptr + (page + tok * 256)[:, None] + kb[None, :], mask=m[:, None],
-                         other=0).to(tl.int32)
+            pb = tl.load(cache_ptr + _value_base(page, tok, 256, 32, INTERLEAVED)[:, None] + kb[None, :],
+                         mask=m[:, None], other=0).to(tl.int32)
             g = tl.arange(0, 32)
-            sc = tl.load(cache_ptr + (page + block_size * 256 + tok * 32)[:, None] + g[None, :],
-                         mask=m[:, None], other=0)
+            sc = tl.load(cache_ptr + _scale_base(page, tok, block_size, 256, 32, INTERLEAVED)[:, None]
+                         + g[None, :], mask=m[:, None], other=0)
             S16 = (_e4m3_decode(sc, False, SOFT) * 16384.0)[:, :, None]  # exact: S * 2^14
             pb3 = tl.reshape(pb, (BLOCK_T, 32, 8))
             lo = _e2m1_half(pb3) * S16
@@ -957,11 +981,11 @@ def _gather_kernel(
                 SB: tl.constexpr = 8
             d = tl.arange(0, NG * G)
             dmask = m[:, None] & (d < NQ * G)[None, :]
-            vbase = page + tok * VB
+            vbase = _value_base(page, tok, VB, SB, INTERLEAVED)
             qb = tl.load(cache_ptr + vbase[:, None] + d[None, :], mask=dmask, other=0)
             g = tl.arange(0, NG)
-            code = tl.load(cache_ptr + (page + block_size * VB + tok * SB)[:, None] + g[None, :],
-                           mask=m[:, None] & (g < NQ)[None, :], other=0).to(tl.int32)
+            code = tl.load(cache_ptr + _scale_base(page, tok, block_size, VB, SB, INTERLEAVED)[:, None]
+                           + g[None, :], mask=m[:, None] & (g < NQ)[None, :], other=0).to(tl.int32)
             S = (code << 23).to(tl.float32, bitcast=True)  # 2^(code-127); 0 -> 0, 255 -> inf
             if REC == 584:
                 # the bf16 tail, loaded before any store (a load after a store could not be
@@ -985,7 +1009,7 @@ def _gather_kernel(
 
 
 def dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_table, block_size,
-                                  offset, use_fnuz):
+                                  offset, use_fnuz, interleaved=False):
     R = seq_lens.shape[0]
     rows = out.shape[1] - offset
     if R == 0 or rows <= 0:
@@ -1001,7 +1025,7 @@ def dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_tab
         block_table, block_table.stride(0), block_size, offset,
         REC=int(rec), HAS_GL=gather_lens is not None, TAIL_I16=_align(k_cache, page_stride) >= 2,
         FNUZ=bool(use_fnuz), SOFT=_soft(k_cache), BLOCK_T=BT, PDL=pdl,
-        num_warps=NW, **launch.pdl_kwargs(pdl),
+        INTERLEAVED=bool(interleaved), num_warps=NW, **launch.pdl_kwargs(pdl),
     )
 
 
@@ -1020,6 +1044,7 @@ def _rope_quant_insert_kernel(
     ALIGN: tl.constexpr, SOFT: tl.constexpr, PTX: tl.constexpr, EXACT_LOG2: tl.constexpr,
     BLOCK_T: tl.constexpr,
     PDL: tl.constexpr = False, ROPE_WORDS: tl.constexpr = True,
+    INTERLEAVED: tl.constexpr = False,
 ):
     launch.pdl_prologue(PDL)
     # The latent is read as pairs (e, o) = dims (2i, 2i+1), i < 256: pairs 0..223 are NoPE
@@ -1070,12 +1095,12 @@ def _rope_quant_insert_kernel(
             # 528: rotated fp32 row in 16 UE8M0 groups of 32 (14 NoPE groups + 2 RoPE groups)
             qn, cn = _ue8m0_pairs(tl.reshape(ne, (BLOCK_T, 16, 16)), tl.reshape(no, (BLOCK_T, 16, 16)),
                                   EXACT_LOG2, SANITIZE, SOFT, PTX)
-            vbase = page + tok * 512
+            vbase = _value_base(page, tok, 512, 16, INTERLEAVED)
             _store_units(cache_ptr, vbase, p, tl.reshape(qn, (BLOCK_T, 256)), pm, 2, ALIGN >= 2)
             qr, cr = _ue8m0_pairs(tl.reshape(re, (BLOCK_T, 2, 16)), tl.reshape(ro, (BLOCK_T, 2, 16)),
                                   EXACT_LOG2, SANITIZE, SOFT, PTX)
             _store_units(cache_ptr, vbase + 448, i, tl.reshape(qr, (BLOCK_T, 32)), vm, 2, ALIGN >= 2)
-            sbase = page + block_size * 512 + tok * 16
+            sbase = _scale_base(page, tok, block_size, 512, 16, INTERLEAVED)
             g = tl.arange(0, 16)
             tl.store(cache_ptr + sbase[:, None] + g[None, :], cn.to(tl.uint8),
                      mask=vm & (g < 14)[None, :])
@@ -1084,8 +1109,8 @@ def _rope_quant_insert_kernel(
         elif MODE == 2:
             # 288: NVFP4 groups of 16 = 8 pairs (28 NoPE groups + 4 RoPE groups), one byte per
             # pair, e4m3 scale bytes
-            vbase = page + tok * 256
-            sbase = page + block_size * 256 + tok * 32
+            vbase = _value_base(page, tok, 256, 32, INTERLEAVED)
+            sbase = _scale_base(page, tok, block_size, 256, 32, INTERLEAVED)
             # RoPE: 4 groups, loaded as [BT, 4, 8] (no reshape of the 2-D pairs)
             pr = _nvfp4_tile_index(28, 4) - 224
             wr = _latent_words(lat_ptr, lrow[:, None, None], 224 + pr[None, :, :],
@@ -1167,7 +1192,7 @@ def _fp8_row_pair(e, o, inv, SOFT: tl.constexpr, PTX: tl.constexpr):
 
 
 def rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio,
-                      fp8_scale, sanitize_nans):
+                      fp8_scale, sanitize_nans, interleaved=False):
     T = slot_mapping.numel()
     if T == 0:
         return
@@ -1195,7 +1220,7 @@ def rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, 
         CR=int(compress_ratio), MODE=mode, SANITIZE=bool(sanitize_nans), WORDS=words,
         ALIGN=_align(cache, page_stride, row_stride), SOFT=_soft(kv_cache), PTX=_ptx(kv_cache),
         EXACT_LOG2=_exact_log2(), BLOCK_T=BT, PDL=pdl, ROPE_WORDS=bool(CONFIG["rope288_words"]),
-        num_warps=NW, **launch.pdl_kwargs(pdl),
+        INTERLEAVED=bool(interleaved), num_warps=NW, **launch.pdl_kwargs(pdl),
     )
 
 
@@ -1365,9 +1390,9 @@ def _rmsnorm_store(x, w_ptr, eps, out_ptr, out_s0, t, valid, SOFT: tl.constexpr)
 @triton.jit
 def _compress_norm_kernel(
     kv_ptr, kv_s0, pos_ptr, st_ptr, st_s0, st_s1, cap, slot_ptr, qsl_ptr, t2r_ptr, w_ptr, eps,
-    out_ptr, out_s0, T,
+    out_ptr, out_s0, T, prev_ptr, prev_s0, pidx_ptr,
     CR: tl.constexpr, SOFT: tl.constexpr, BLOCK_T: tl.constexpr, SPEC: tl.constexpr = False,
-    PTX: tl.constexpr = False, PDL: tl.constexpr = False,
+    PTX: tl.constexpr = False, PDL: tl.constexpr = False, HAS_PREV: tl.constexpr = False,
 ):
     # PDL: the ring save (our own PDL secondary) is scheduled while this kernel runs
     launch.pdl_prologue(PDL)
@@ -1394,7 +1419,8 @@ def _compress_norm_kernel(
             # trips.  The ring row of every token with a slot is inside the state cache by
             # the op's contract (ring slots < rows * capacity, docs/bad_input.md).
             _pool_pair_store(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, qsl_ptr, w_ptr, eps,
-                             out_ptr, out_s0, t, tmask, slot, pos, req, valid, True, SOFT, PTX)
+                             out_ptr, out_s0, t, tmask, slot, pos, req, valid, prev_ptr, prev_s0,
+                             pidx_ptr, True, SOFT, PTX, HAS_PREV)
         else:
             # Program k takes tokens 2k and 2k + 1 (BLOCK_T = 1): of two consecutive tokens of
             # a request exactly one closes a pair, so a prefill has no program without work
@@ -1409,21 +1435,26 @@ def _compress_norm_kernel(
             valid1 = m1 & (slot1 >= 0) & (pos1 % 2 == 1)
             if tl.max(valid.to(tl.int32), axis=0) > 0:
                 _pool_pair_store(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, qsl_ptr, w_ptr, eps,
-                                 out_ptr, out_s0, t, valid, slot, pos, req, valid, False, SOFT, PTX)
+                                 out_ptr, out_s0, t, valid, slot, pos, req, valid, prev_ptr,
+                                 prev_s0, pidx_ptr, False, SOFT, PTX, HAS_PREV)
             if tl.max(valid1.to(tl.int32), axis=0) > 0:
                 _pool_pair_store(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, qsl_ptr, w_ptr, eps,
-                                 out_ptr, out_s0, t1, valid1, slot1, pos1, req1, valid1, False,
-                                 SOFT, PTX)
+                                 out_ptr, out_s0, t1, valid1, slot1, pos1, req1, valid1, prev_ptr,
+                                 prev_s0, pidx_ptr, False, SOFT, PTX, HAS_PREV)
 
 
 @triton.jit
 def _pool_pair_store(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, qsl_ptr, w_ptr, eps, out_ptr,
-                     out_s0, t, rows_m, slot, pos, req, valid, RING_EARLY: tl.constexpr,
-                     SOFT: tl.constexpr, PTX: tl.constexpr):
+                     out_s0, t, rows_m, slot, pos, req, valid, prev_ptr, prev_s0, pidx_ptr,
+                     RING_EARLY: tl.constexpr, SOFT: tl.constexpr, PTX: tl.constexpr,
+                     HAS_PREV: tl.constexpr):
     """CR 2, the closing tokens ``valid``: pool the older row (the previous input row, or
     for the first token of a chunk the ring row the previous chunk stored) with the token's
     own row, RMSNorm, store.  Input rows load under ``rows_m``; the ring row under ``valid``
-    (``RING_EARLY``: no wait for the chunk start) or only where the token starts its chunk."""
+    (``RING_EARLY``: no wait for the chunk start) or only where the token starts its chunk.
+    HAS_PREV: a chunk's first token takes its older row from ``prev_ptr`` row
+    ``pidx_ptr[req]`` where that index is >= 0 (rows another rank holds), the ring row
+    elsewhere; both load under the same mask as the ring row alone."""
     d = tl.arange(0, 512)
     t64 = t.to(tl.int64)
     q0 = tl.load(qsl_ptr + req, mask=valid, other=0)
@@ -1443,8 +1474,21 @@ def _pool_pair_store(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, qsl_ptr, w_ptr, e
         ring_m = valid
     else:
         ring_m = valid & (t == q0)
-    kvr = tl.load(st_ptr + ring, mask=ring_m[:, None], other=0.0)
-    sr = tl.load(st_ptr + ring + 512, mask=ring_m[:, None], other=0.0)
+    if HAS_PREV:
+        pidx = tl.load(pidx_ptr + req, mask=ring_m, other=-1)
+        use_prev = pidx >= 0
+        prow = (tl.maximum(pidx, 0).to(tl.int64) * prev_s0)[:, None] + d[None, :]
+        pm = (ring_m & use_prev)[:, None]
+        rm = (ring_m & (pidx < 0))[:, None]
+        kvr = tl.load(st_ptr + ring, mask=rm, other=0.0)
+        sr = tl.load(st_ptr + ring + 512, mask=rm, other=0.0)
+        kvq = tl.load(prev_ptr + prow, mask=pm, other=0.0)
+        sq = tl.load(prev_ptr + prow + 512, mask=pm, other=0.0)
+        kvr = tl.where(pm, kvq, kvr)
+        sr = tl.where(pm, sq, sr)
+    else:
+        kvr = tl.load(st_ptr + ring, mask=ring_m[:, None], other=0.0)
+        sr = tl.load(st_ptr + ring + 512, mask=ring_m[:, None], other=0.0)
     in_m = (valid & (t != q0))[:, None]
     x = _pool2(tl.where(in_m, kvp, kvr), tl.where(in_m, sp, sr), kvb, sb, PTX)
     _rmsnorm_store(x, w_ptr, eps, out_ptr, out_s0, t, valid, SOFT)
@@ -1528,7 +1572,7 @@ def _ring_save_kernel(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, slot_ptr, qsl_pt
 
 def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, query_start_loc,
                              token_to_req_indices, rms_norm_weight, rms_norm_eps, compress_ratio,
-                             latent_out):
+                             latent_out, prev_rows=None, prev_row_indices=None):
     T = slot_mapping.numel()
     if T == 0:
         return
@@ -1540,16 +1584,21 @@ def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, que
         _compress_norm_kernel[(launch.cdiv(T, BT),)](
             kv_score, kv_score.stride(0), slot_mapping, kv_score, 0, 0, 1, slot_mapping,
             slot_mapping, slot_mapping, rms_norm_weight, eps, latent_out, latent_out.stride(0), T,
+            kv_score, 0, slot_mapping,
             CR=1, SOFT=soft, BLOCK_T=BT, PDL=pdl, num_warps=NW, **launch.pdl_kwargs(pdl),
         )
         return
     cap = state_cache.shape[1]
     BT, NW = _shape("norm2", None, T)
     spec = T <= launch.DECODE_T
+    # with prev_rows the caller saves the ring rows itself (save_ring_rows): one launch
+    has_prev = prev_rows is not None
+    R = query_start_loc.numel() - 1
+    ring = R > 0 and cap > 0 and not has_prev
     # the ring save: a PDL launch at every size (its loads overlap the pooling kernel, whose
     # programs then must trigger it: PDL on in the kernel even where its own launch is plain)
     early = bool(CONFIG["ring_pdl"])
-    ring_pdl = (pdl or launch.pdl(latent_out.device)) if early else pdl
+    ring_pdl = not has_prev and ((pdl or launch.pdl(latent_out.device)) if early else pdl)
     # decode sizes: BLOCK_T tokens per program; larger launches: two tokens per program
     # (the kernel's pair programs, BLOCK_T = 1)
     BT = BT if spec else 1
@@ -1558,11 +1607,12 @@ def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, que
         kv_score, kv_score.stride(0), positions, state_cache, state_cache.stride(0),
         state_cache.stride(1), cap, slot_mapping, query_start_loc, token_to_req_indices,
         rms_norm_weight, eps, latent_out, latent_out.stride(0), T,
+        prev_rows if has_prev else kv_score, prev_rows.stride(0) if has_prev else 0,
+        prev_row_indices if has_prev else slot_mapping,
         CR=2, SOFT=soft, BLOCK_T=BT, SPEC=spec, PTX=_ptx(latent_out), PDL=pdl or ring_pdl,
-        num_warps=NW, **launch.pdl_kwargs(pdl), **_maxnreg(latent_out, None if spec else CONFIG["norm2_maxnreg"]),
+        HAS_PREV=has_prev, num_warps=NW, **launch.pdl_kwargs(pdl), **_maxnreg(latent_out, None if spec else CONFIG["norm2_maxnreg"]),
     )
-    R = query_start_loc.numel() - 1
-    if R > 0 and cap > 0:
+    if ring:
         # after every ring read above (stream order, or the PDL wait), store the chunks'
         # last rows
         _ring_save_kernel[(R, cap)](
@@ -1570,6 +1620,41 @@ def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, que
             state_cache.stride(1), cap, slot_mapping, query_start_loc, T, PDL=ring_pdl,
             EARLY=early, num_warps=CONFIG["num_warps"]["ring"], **launch.pdl_kwargs(ring_pdl),
         )
+
+
+# --------------------------------------------------------------------------------------
+# save_ring_rows: rows given by the caller into the CR-2 ring (fused_save_compress_norm
+# with prev_rows leaves the ring to it)
+# --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _save_ring_rows_kernel(rows_ptr, rows_s0, slot_ptr, st_ptr, st_s0, st_s1, cap,
+                           PDL: tl.constexpr = False):
+    """Program i: row i to ring row (slot // cap, slot % cap) when its slot is >= 0."""
+    launch.pdl_prologue(PDL)
+    i = tl.program_id(0)
+    c = tl.arange(0, 1024)
+    sl = tl.load(slot_ptr + i + c * 0)  # one address
+    ok = sl >= 0
+    row = tl.load(rows_ptr + i.to(tl.int64) * rows_s0 + c, mask=ok)
+    # ring slots < 2^31 (validated by the public function): int32 split
+    s32 = tl.where(ok, sl, 0).to(tl.int32)
+    blk = s32 // cap
+    tl.store(st_ptr + blk.to(tl.int64) * st_s0 + (s32 - blk * cap).to(tl.int64) * st_s1 + c, row,
+             mask=ok)
+
+
+def save_ring_rows(rows, slot_mapping, state_cache):
+    N = slot_mapping.numel()
+    if N == 0 or state_cache.shape[1] == 0:  # no ring row: every slot is < 0
+        return
+    pdl = launch.decode_pdl(state_cache.device, N)
+    _save_ring_rows_kernel[(N,)](
+        rows, rows.stride(0), slot_mapping, state_cache, state_cache.stride(0),
+        state_cache.stride(1), state_cache.shape[1], PDL=pdl,
+        num_warps=CONFIG["num_warps"]["ring"], **launch.pdl_kwargs(pdl),
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -1603,32 +1688,38 @@ def _register_aot() -> None:
 
     ins_t = {"k_ptr": "*bf16", "k_stride": "i32", "cache_ptr": "*u8", "page_stride": "i32",
              "slot_ptr": "*i64", "T": "i32"}
-    for rec in (584, 528):
+    # the interleaved layout (vLLM 0.33) of the 528 / 288 records: a ",il" build beside each
+    # paged one
+    for rec, il in ((584, False), (528, False), (528, True)):
         v41 = rec == 528
         for fnuz in (False, True):
             for targets, soft, flav in vendors:
-                add(_quant_insert_kernel, f"{rec},{'fnuz' if fnuz else 'ocp'},{flav}", ins_t, dict(
+                add(_quant_insert_kernel, f"{rec},{'fnuz' if fnuz else 'ocp'},{flav}{',il' * il}", ins_t, dict(
                     block_size=AOT_BLOCK_SIZE, NG=16 if v41 else 8, G=32 if v41 else 64, NQ=16 if v41 else 7,
                     VB=512 if v41 else 576, SB=16 if v41 else 8, HAS_TAIL=not v41, TAIL_I16=True,
-                    FNUZ=fnuz, SOFT=soft, EXACT_LOG2=True, BLOCK_T=_shape("insert", rec)[0]),
+                    FNUZ=fnuz, SOFT=soft, EXACT_LOG2=True, BLOCK_T=_shape("insert", rec)[0],
+                    INTERLEAVED=il),
                     targets, _shape("insert", rec)[1], ("k_ptr", "k_stride", "cache_ptr", "page_stride"))
 
     gat_t = {"out_ptr": "*bf16", "out_s0": "i32", "out_s1": "i32", "cache_ptr": "*u8",
              "page_stride": "i32", "seq_lens_ptr": "*i32", "gather_lens_ptr": "*i32",
              "bt_ptr": "*i32", "bt_s0": "i32", "offset": "i32"}
-    for rec, flavours in ((584, (False, True)), (528, (False, True)), (288, (False,))):
+    for rec, flavours, il in ((584, (False, True), False), (528, (False, True), False),
+                              (288, (False,), False), (528, (False, True), True), (288, (False,), True)):
         for fnuz in flavours:
             for targets, soft, flav in vendors:
-                add(_gather_kernel, f"{rec},{'fnuz' if fnuz else 'ocp'},{flav}", gat_t, dict(
+                add(_gather_kernel, f"{rec},{'fnuz' if fnuz else 'ocp'},{flav}{',il' * il}", gat_t, dict(
                     block_size=AOT_BLOCK_SIZE, REC=rec, HAS_GL=True, TAIL_I16=True, FNUZ=fnuz, SOFT=soft,
-                    BLOCK_T=_shape("gather", rec)[0]), targets, _shape("gather", rec)[1],
+                    BLOCK_T=_shape("gather", rec)[0], INTERLEAVED=il), targets, _shape("gather", rec)[1],
                     ("out_ptr", "out_s0", "out_s1", "cache_ptr", "page_stride"))
 
     rope_t = {"lat_ptr": "*i32", "lat_s0": "i32", "pos_ptr": "*i64", "cs_ptr": "*fp32",
               "cs_s0": "i32", "cache_ptr": "*u8", "page_stride": "i32", "row_stride": "i32",
               "slot_ptr": "*i64", "scale_ptr": "*fp32", "T": "i32"}
-    for mode, name, var in ((_MODE_584, "584", 584), (_MODE_528, "528", 528), (_MODE_288, "288", 288),
-                            (_MODE_BF16, "bf16rows", "bf16"), (_MODE_FP8, "fp8rows", "fp8")):
+    for mode, name, var, il in ((_MODE_584, "584", 584, False), (_MODE_528, "528", 528, False),
+                                (_MODE_288, "288", 288, False), (_MODE_BF16, "bf16rows", "bf16", False),
+                                (_MODE_FP8, "fp8rows", "fp8", False), (_MODE_528, "528,il", 528, True),
+                                (_MODE_288, "288,il", 288, True)):
         types = rope_t
         for targets, soft, flav in vendors:
             for t in targets:
@@ -1639,7 +1730,8 @@ def _register_aot() -> None:
                 add(_rope_quant_insert_kernel, f"{name},{flav},{t}", types, dict(
                     block_size=AOT_BLOCK_SIZE, CR=1, MODE=mode, SANITIZE=sanitize, WORDS=True, ALIGN=4, SOFT=soft, PTX=not soft, EXACT_LOG2=True,
                     PDL=t == "sm100",  # the decode launch's PDL prologue, built for sm100
-                    ROPE_WORDS=bool(CONFIG["rope288_words"]), BLOCK_T=_shape("rope", var)[0]), (t,), _shape("rope", var)[1], ("lat_ptr", "lat_s0", "cs_ptr", "cs_s0", "cache_ptr", "page_stride",
+                    ROPE_WORDS=bool(CONFIG["rope288_words"]), BLOCK_T=_shape("rope", var)[0],
+                    INTERLEAVED=il), (t,), _shape("rope", var)[1], ("lat_ptr", "lat_s0", "cs_ptr", "cs_s0", "cache_ptr", "page_stride",
                                                  "row_stride"))
 
     idx_t = {"k_ptr": "*bf16", "k_s0": "i32", "pos_ptr": "*i64", "cs_ptr": "*fp32",
@@ -1658,17 +1750,29 @@ def _register_aot() -> None:
     norm_t = {"kv_ptr": "*fp32", "kv_s0": "i32", "pos_ptr": "*i64", "st_ptr": "*fp32",
               "st_s0": "i32", "st_s1": "i32", "cap": "i32", "slot_ptr": "*i64",
               "qsl_ptr": "*i32", "t2r_ptr": "*i32", "w_ptr": "*bf16", "eps": "fp32",
-              "out_ptr": "*bf16", "out_s0": "i32", "T": "i32"}
+              "out_ptr": "*bf16", "out_s0": "i32", "T": "i32", "prev_ptr": "*fp32", "prev_s0": "i32",
+              "pidx_ptr": "*i32"}
     ring_t = {"kv_ptr": "*fp32", "kv_s0": "i32", "st_ptr": "*fp32", "st_s0": "i32",
               "st_s1": "i32", "cap": "i32", "slot_ptr": "*i64", "qsl_ptr": "*i32", "T": "i32"}
+    rows_t = {"rows_ptr": "*fp32", "rows_s0": "i32", "slot_ptr": "*i64", "st_ptr": "*fp32",
+              "st_s0": "i32", "st_s1": "i32", "cap": "i32"}
+    norm_div = ("kv_ptr", "kv_s0", "out_ptr", "out_s0", "st_ptr", "st_s0", "st_s1")
     for targets, soft, flav in vendors:
         for cr in (1, 2):
             add(_compress_norm_kernel, f"cr{cr},{flav}", norm_t, dict(
                 CR=cr, SOFT=soft, PTX=not soft, BLOCK_T=_shape(f"norm{cr}", None)[0]), targets,
-                _shape(f"norm{cr}", None)[1], ("kv_ptr", "kv_s0", "out_ptr", "out_s0", "st_ptr", "st_s0",
-                                                    "st_s1"))
+                _shape(f"norm{cr}", None)[1], norm_div)
+        # CR 2 with prev_rows: the decode tiles and the pair programs
+        add(_compress_norm_kernel, f"cr2,{flav},decode,prev", norm_t, dict(
+            CR=2, SOFT=soft, PTX=not soft, BLOCK_T=_shape("norm2", None, 1)[0], SPEC=True,
+            HAS_PREV=True), targets, _shape("norm2", None, 1)[1], norm_div + ("prev_ptr", "prev_s0"))
+        add(_compress_norm_kernel, f"cr2,{flav},pairs,prev", norm_t, dict(
+            CR=2, SOFT=soft, PTX=not soft, BLOCK_T=1, HAS_PREV=True), targets,
+            _shape("norm2", None)[1], norm_div + ("prev_ptr", "prev_s0"))
         add(_ring_save_kernel, flav, ring_t, {"PDL": False}, targets, nw["ring"],
             ("kv_ptr", "kv_s0", "st_ptr", "st_s0", "st_s1"))
+        add(_save_ring_rows_kernel, flav, rows_t, {"PDL": False}, targets, nw["ring"],
+            ("rows_ptr", "rows_s0", "st_ptr", "st_s0", "st_s1"))
     # the CR-2 decode pair as launched on SM90+ (speculative loads, PDL)
     add(_compress_norm_kernel, "cr2,native,decode,pdl", norm_t, dict(
         CR=2, SOFT=False, BLOCK_T=_shape("norm2", None, 1)[0], SPEC=True, PTX=True, PDL=True), _CUDA,
@@ -1680,6 +1784,12 @@ def _register_aot() -> None:
         ("kv_ptr", "kv_s0", "out_ptr", "out_s0", "st_ptr", "st_s0", "st_s1"))
     add(_ring_save_kernel, "native,pdl", ring_t, {"PDL": True}, _CUDA, nw["ring"],
         ("kv_ptr", "kv_s0", "st_ptr", "st_s0", "st_s1"))
+    # with prev_rows on SM90+: the decode launch is a PDL launch (no ring save follows)
+    add(_compress_norm_kernel, "cr2,native,decode,pdl,prev", norm_t, dict(
+        CR=2, SOFT=False, BLOCK_T=_shape("norm2", None, 1)[0], SPEC=True, PTX=True, PDL=True,
+        HAS_PREV=True), _CUDA, _shape("norm2", None, 1)[1], norm_div + ("prev_ptr", "prev_s0"))
+    add(_save_ring_rows_kernel, "native,pdl", rows_t, {"PDL": True}, _CUDA, nw["ring"],
+        ("rows_ptr", "rows_s0", "st_ptr", "st_s0", "st_s1"))
 
 
 _register_aot()

@@ -8,6 +8,7 @@ TRITON_KERNELS = {
     "rope_quant_insert": _T + "cache_kernels:rope_quant_insert",
     "indexer_k_norm_rope_store": _T + "cache_kernels:indexer_k_norm_rope_store",
     "fused_save_compress_norm": _T + "cache_kernels:fused_save_compress_norm",
+    "save_ring_rows": _T + "cache_kernels:save_ring_rows",
     "compute_global_topk_indices_and_lens": _T + "index_kernels:compute_global_topk_indices_and_lens",
     "combine_topk_swa_indices": _T + "index_kernels:combine_topk_swa_indices",
     "build_flashinfer_mixed_sparse_indices": _T + "index_kernels:build_flashinfer_mixed_sparse_indices",

@@ -20,6 +20,7 @@ class ReferenceBackend(Backend):
         "combine_topk_swa_indices": _R + "sparse_indices:combine_topk_swa_indices",
         "build_flashinfer_mixed_sparse_indices": _R + "sparse_indices:build_flashinfer_mixed_sparse_indices",
         "fused_save_compress_norm": _R + "compress:fused_save_compress_norm",
+        "save_ring_rows": _R + "compress:save_ring_rows",
         "rope_quant_insert": _R + "compress:rope_quant_insert",
         "indexer_k_norm_rope_store": _R + "indexer:indexer_k_norm_rope_store",
         "fused_indexer_q_rope_quant": _R + "indexer:fused_indexer_q_rope_quant",

@@ -29,7 +29,7 @@ from ..codecs import (
 from ..formats import V4_FP8, V41_MXFP8, V41_NVFP4, CacheLayout, record_for_width
 from .k_cache import quantize_nvfp4_groups, quantize_ue8m0_groups
 
-__all__ = ["fused_save_compress_norm", "rope_quant_insert"]
+__all__ = ["fused_save_compress_norm", "save_ring_rows", "rope_quant_insert"]
 
 F32 = torch.float32
 F64 = torch.float64
@@ -118,7 +118,12 @@ def fused_save_compress_norm(
     rms_norm_eps: float,
     compress_ratio: int,
     latent_out: torch.Tensor,
+    prev_rows: torch.Tensor | None = None,
+    prev_row_indices: torch.Tensor | None = None,
 ) -> None:
+    """C §8.1.  With ``prev_rows`` (CR 2), request r's first token takes its older row
+    from ``prev_rows[prev_row_indices[r]]`` where that index is >= 0 (the ring
+    otherwise), and the ring is left to ``save_ring_rows``."""
     T = slot_mapping.numel()
     if T == 0:
         return
@@ -143,6 +148,12 @@ def fused_save_compress_norm(
         # the previous chunk stored; read here, before the ring update below.
         t_ring = torch.nonzero(closes & first).flatten()
         ring_rows = state_cache[slot[t_ring] // cap, (pos[t_ring] - 1) % cap]
+        if prev_rows is not None:
+            idx = prev_row_indices.to(dev, torch.int64)[req[t_ring]]
+            given = idx >= 0
+            ring_rows = torch.where(
+                given[:, None], prev_rows[idx.clamp(min=0), : 2 * HEAD].to(F32), ring_rows
+            )
         tok = torch.cat((t_in, t_ring))
         older = torch.cat((kv_score[t_in - 1], ring_rows))
         newer = kv_score[tok]
@@ -153,8 +164,25 @@ def fused_save_compress_norm(
         pooled, rms_norm_weight, rms_norm_eps
     )
 
-    if compress_ratio == 2:
+    if compress_ratio == 2 and prev_rows is None:
         _save_ring(kv_score, state_cache, slot, query_start_loc)
+
+
+def save_ring_rows(rows: torch.Tensor, slot_mapping: torch.Tensor, state_cache: torch.Tensor) -> None:
+    """Copy fp32 ``rows[i]`` to ring row ``(s // C, s % C)`` for each slot ``s >= 0``.
+
+    Rows are stored in order, so of two rows with one slot the later one stays.
+    """
+    slot = slot_mapping.to(rows.device, torch.int64)
+    u = torch.nonzero(slot >= 0).flatten()
+    if u.numel() == 0:
+        return
+    cap = state_cache.shape[1]
+    dst = slot[u]
+    uniq, inv = torch.unique(dst, return_inverse=True)
+    last = torch.full_like(uniq, -1).scatter_reduce(0, inv, u, "amax")
+    u = u[u == last[inv]]
+    state_cache[slot[u] // cap, slot[u] % cap] = rows[u, : 2 * HEAD]
 
 
 def _save_ring(kv_score, state_cache, slot, query_start_loc) -> None:
@@ -219,6 +247,7 @@ def rope_quant_insert(
     compress_ratio: int,
     fp8_scale: torch.Tensor | None,
     sanitize_nans: bool,
+    interleaved: bool = False,
 ) -> None:
     T = slot_mapping.numel()
     if T == 0:
@@ -261,7 +290,7 @@ def rope_quant_insert(
         # 288: the rotated fp32 row in 32 e2m1 groups of 16 with e4m3 scales (C §2.3).
         values, scales = quantize_nvfp4_groups(rot)
 
-    layout = CacheLayout(rec, B, kv_cache.stride(0))
+    layout = CacheLayout(rec, B, kv_cache.stride(0), interleaved=interleaved)
     pages = _page_bytes(kv_cache)
     p, t = page[:, None], row[:, None]
     vbyte = torch.arange(rec.value_bytes, device=dev)

@@ -203,11 +203,13 @@ def quantize_and_insert_k_cache(
     block_size: int,
     use_fnuz: bool,
     bytes_per_token: int,
+    interleaved: bool = False,
 ) -> None:
     """Quantize ``k[:T]`` (bf16 ``[>=T, 512]``) into the paged ``k_cache`` (spec §3).
 
     ``bytes_per_token`` 528 selects the V4.1 MXFP8 record; anything else the V4 584
-    record (as upstream; the public layer only lets 584/528 through).
+    record (as upstream; the public layer only lets 584/528 through).  ``interleaved``
+    places each 528 token's scales right after its values (``dsv41.formats``).
     """
     rec = V41_MXFP8 if bytes_per_token == V41_MXFP8.width else V4_FP8
     T = slot_mapping.shape[0]
@@ -220,7 +222,7 @@ def quantize_and_insert_k_cache(
         return
     rows = k[:T][keep]
 
-    layout = CacheLayout(rec, block_size, k_cache.stride(0), flavour_of(use_fnuz))
+    layout = CacheLayout(rec, block_size, k_cache.stride(0), flavour_of(use_fnuz), interleaved=interleaved)
     vidx, sidx = _record_indices(layout, slots // block_size, slots % block_size)
     vbytes, sbytes = _encode_record(rows, rec, use_fnuz)
 
@@ -273,6 +275,7 @@ def dequantize_and_gather_k_cache(
     block_size: int,
     offset: int,
     use_fnuz: bool,
+    interleaved: bool = False,
 ) -> None:
     """Gather and dequantize the last ``n`` tokens of each request into ``out`` (spec §4).
 
@@ -296,7 +299,7 @@ def dequantize_and_gather_k_cache(
     # Advanced indexing honours block_table.stride(0) (§4 "Implement with stride(0)").
     blk = block_table[req, pos // block_size]
 
-    layout = CacheLayout(rec, block_size, k_cache.stride(0), flavour_of(use_fnuz))
+    layout = CacheLayout(rec, block_size, k_cache.stride(0), flavour_of(use_fnuz), interleaved=interleaved)
     vidx, sidx = _record_indices(layout, blk, pos % block_size)
     flat = _flat_bytes(k_cache)
     bits = _decode_record(flat[vidx], flat[sidx], rec, use_fnuz)
