@@ -8,6 +8,8 @@ spec cache_ops.md §3-§7; project decisions: docs/decisions.md.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from . import _library  # noqa: F401  (registers torch.ops.dsv41.*)
@@ -117,28 +119,6 @@ def gather_num_workers(max_gather_len: int | None) -> int:
     return max(_GATHER_WORKERS[0], min(_GATHER_WORKERS[1], workers))
 
 
-def dequantize_and_gather_k_cache_triton(
-    out: torch.Tensor,
-    k_cache: torch.Tensor,
-    seq_lens: torch.Tensor,
-    gather_lens: torch.Tensor | None,
-    block_table: torch.Tensor,
-    block_size: int,
-    offset: int,
-    use_fnuz: bool = False,
-    max_gather_len: int | None = None,
-    *,
-    v41_layout: str = DEFAULT_V41_LAYOUT,
-) -> None:
-    """``dequantize_and_gather_k_cache`` through a Triton kernel where one runs on
-    ``out``'s device (cuda:triton, rocm, xpu), else the selected implementation:
-    the bytes are the same either way."""
-    dequantize_and_gather_k_cache(
-        out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, use_fnuz, max_gather_len,
-        v41_layout=v41_layout, _kernel_attribute="triton_source",
-    )
-
-
 def dequantize_and_gather_k_cache(
     out: torch.Tensor,
     k_cache: torch.Tensor,
@@ -201,6 +181,29 @@ def dequantize_and_gather_k_cache(
         _ops.dequantize_and_gather_k_cache(*args)
     else:
         _registry.preferred_kernel("dequantize_and_gather_k_cache", out.device.type, _kernel_attribute)(*args)
+
+
+def _gather_preferring(attribute: str, name: str, doc: str):
+    """``dequantize_and_gather_k_cache`` run by the kernel of the first backend whose sheet sets
+    ``attribute``, with the public signature (less the private keyword)."""
+
+    def gather(*args, **kwargs):
+        dequantize_and_gather_k_cache(*args, **kwargs, _kernel_attribute=attribute)
+
+    sig = inspect.signature(dequantize_and_gather_k_cache)
+    gather.__signature__ = sig.replace(parameters=[p for p in sig.parameters.values() if not p.name.startswith("_")])
+    gather.__name__ = gather.__qualname__ = name
+    gather.__doc__ = doc
+    return gather
+
+
+dequantize_and_gather_k_cache_triton = _gather_preferring(
+    "triton_source",
+    "dequantize_and_gather_k_cache_triton",
+    """``dequantize_and_gather_k_cache`` through a Triton kernel where one runs on ``out``'s
+    device (cuda:triton, rocm, xpu), else the selected implementation: the bytes are the same
+    either way.""",
+)
 
 
 def compute_global_topk_indices_and_lens(

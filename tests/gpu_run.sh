@@ -11,6 +11,11 @@
 #     sweep     launch-shape sweep of the Triton kernels (python -m dsv41.backends.triton.sweep)
 #     profile   Nsight Compute sections of one call per CUDA implementation (PROFILE_ARGS)
 #     sanitize  compute-sanitizer memcheck and racecheck over the conformance and fuzz inputs
+#     vllm      vLLM 0.33.0's own DeepSeek V4/V4.1 kernels and the dsv41 ops its plugin routes
+#               to, side by side through the same vLLM names: bytes and time
+#               (tests/vllm_gpu/side_by_side.py; needs .device/vllm033-ops.tar.xz from
+#               tools/vllm_gpu_pack.sh, carried to the host; VLLM_OPS_ARCHIVE names another;
+#               VLLM_SBS_ARGS adds arguments, e.g. "--tokens 1 64 --only gather")
 #   STEP_LIMIT  seconds per step before it is stopped (default 540)
 #   GPU_PYTEST_K / FUZZ_K / SANITIZE_K  narrow the tests / fuzz / sanitizer runs (pytest -k)
 #   MEMCHECK_FILES / RACECHECK_FILES    the test files each sanitizer runs
@@ -95,6 +100,12 @@ for step in $STEPS; do
           -k "${SANITIZE_K:-cuda and not reference_self_check}" ${SANITIZE_ARGS:-} > "$OUT/$tool.txt" 2>&1
         echo "$tool rc=$?" >> "$OUT/$tool.txt"; tail -4 "$OUT/$tool.txt"
       done ;;
+    vllm)
+      # vLLM is not installed here: the harness lays vLLM's op files from the archive and
+      # tests/vllm_gpu/shims out as a stand-in package in a temporary directory
+      timeout "$LIMIT" $PY tests/vllm_gpu/side_by_side.py --archive "${VLLM_OPS_ARCHIVE:-.device/vllm033-ops.tar.xz}" \
+        --out "$OUT" ${VLLM_SBS_ARGS:-} > "$OUT/vllm.out" 2>&1
+      echo "vllm rc=$?" >> "$OUT/vllm.out"; tail -50 "$OUT/vllm.out" ;;
     *) echo "unknown step $step" ;;
   esac
 done

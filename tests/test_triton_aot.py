@@ -16,6 +16,10 @@ import sys
 
 import pytest
 
+# -P: child processes import the installed package, not the checkout's dsv41/ (on a GPU host the
+# checkout lacks dsv41.backends, which installs from backends/)
+SAFE_PATH = ["-P"] if sys.version_info >= (3, 11) else []
+
 triton = pytest.importorskip("triton")
 
 TARGETS = ("sm90", "sm100", "gfx942", "gfx950")
@@ -46,7 +50,7 @@ def _compile(target: str) -> list:
         "from dsv41.backends.triton.aot import compile_all\n"
         f"print(json.dumps(compile_all({target!r}, jobs={JOBS})))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, *SAFE_PATH, "-c", code], env=env, capture_output=True, text=True,
                           timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return [tuple(r) for r in json.loads(proc.stdout.strip().splitlines()[-1])]
@@ -114,7 +118,7 @@ def test_sass_instruction_mix():
         "print(json.dumps(sass.mix(spec, 'sm90')[0]))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, *SAFE_PATH, "-c", code], env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     ops = collections.Counter(json.loads(proc.stdout.strip().splitlines()[-1]))

@@ -7,11 +7,12 @@ every floating-point input (shapes, strides, slots and tables kept), so the comp
 not limited to the bytes the golden vectors hold.  vLLM 0.33.0's kernels need no platform
 patch for this: on a machine without a GPU they launch on CPU tensors as they are.
 
-The interpreter runs with the exact fp32 ``rsqrt``/``exp2`` of dsv41's contract
-(conftest.py ``exact_rsqrt_exp2``).  Where vLLM's kernel in the interpreter and dsv41 still
-disagree on a set-D input, the golden bytes decide: if dsv41 wrote vLLM's H200 bytes, the
-interpreter is what differs (xfail, saying so); a case golden.py lists as a known difference
-is an xfail with that reason.
+The interpreter runs with the exact fp32 ``rsqrt``/``exp2`` of dsv41's contract and three
+rules under which it writes what the H200 wrote in set D (conftest.py ``exact_rsqrt_exp2``,
+``h200_interp_rules``: unary minus as ``0 - x``, NaN through a symmetric clamp -> +m, ``exp2``
+flushing subnormal results).  With them vLLM's kernel in the interpreter writes set D's H200
+bytes (checked; ``INTERP_DIFFERS`` names the one exception, the GPU's approximate rsqrt), so a
+difference from dsv41 is dsv41's; the one dsv41 still has is a strict xfail.
 """
 
 from __future__ import annotations
@@ -43,8 +44,22 @@ INLINE_ASM = {
 }
 
 
+# Set-D cases where vLLM's kernel in the interpreter writes the H200 bytes and dsv41 does not.
+DSV41_DIFFERS = {
+    "save_compress_norm_cr2": "dsv41 writes one bf16 of latent_out one ulp off vLLM's H200 byte (set D's known "
+                              "difference, golden.py); vLLM's kernel in the interpreter writes the H200 byte",
+}
+
+# Set-D cases the interpreter cannot reproduce (dsv41 agrees with the interpreter there): only the
+# dsv41-vs-interpreter comparison runs.
+INTERP_DIFFERS = {
+    "q_kv_rmsnorm_quant_T130": "one bf16 of kv_out: the H200's rsqrt.approx is one fp32 step below the "
+                               "correctly rounded 1/sqrt the interpreter (and dsv41) use, on a bf16 tie",
+}
+
+
 @pytest.fixture(autouse=True)
-def plugin_off(exact_rsqrt_exp2):
+def plugin_off(h200_interp_rules):
     vp._unregister()
     yield
 
@@ -75,7 +90,9 @@ def _has_float_input(g) -> bool:
 def _params():
     ps = []
     for g in CASES:
-        ps.append(pytest.param(g, None, id=f"{g.name}-setD"))
+        why = DSV41_DIFFERS.get(g.name)
+        marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
+        ps.append(pytest.param(g, None, id=f"{g.name}-setD", marks=marks))
         if _has_float_input(g):
             ps.append(pytest.param(g, 1000 + len(ps), id=f"{g.name}-fresh"))
     for what, why in INLINE_ASM.items():
@@ -90,11 +107,8 @@ def test_vllm_kernel_equals_dsv41(golden, seed):
     base = golden.args if seed is None else _fresh(golden.args, golden.out, seed)
     theirs = _run(vfn, base, golden.out)
     ours = _run(dfn, base, golden.out)
+    if seed is None and golden.name not in INTERP_DIFFERS:  # the interpreter rules hold: vLLM's kernel here writes what it wrote on the H200
+        h200 = differences(theirs, golden.out)
+        assert not h200, f"{golden.op}: vLLM's kernel in the interpreter vs its H200 bytes: " + "; ".join(h200)
     problems = differences(ours, theirs)
-    if problems and seed is None:
-        if not differences(ours, golden.out):
-            pytest.xfail("Triton's interpreter does not reproduce vLLM's H200 bytes here; dsv41 writes them: "
-                         + "; ".join(differences(theirs, golden.out)))
-        if golden.known_difference:
-            pytest.xfail(f"known difference from vLLM's H200 bytes: {golden.known_difference}")
     assert not problems, f"{golden.op}: dsv41 vs vLLM's kernel in the interpreter: " + "; ".join(problems)
