@@ -130,3 +130,44 @@ storage_bytes = written_bytes  # the whole backing storage as uint8 on the CPU
 def view_bytes(t: torch.Tensor) -> torch.Tensor:
     """Bytes of the logical elements of ``t`` (layout-independent)."""
     return t.detach().cpu().contiguous().view(torch.uint8).flatten()
+
+
+def returned(result) -> list:
+    """A return value as the list of tensors a case's ``out`` names (a ``QuantizedActivation``,
+    dsv41's or vLLM's, is its data and scale; a plain int is a 0-d tensor)."""
+    if result is None:
+        return []
+    flat = []
+    for r in result if isinstance(result, tuple) else (result,):
+        if hasattr(r, "data") and hasattr(r, "scale") and not isinstance(r, torch.Tensor):
+            flat.extend((r.data, r.scale))
+        elif isinstance(r, int):
+            flat.append(torch.tensor(r))
+        else:
+            flat.append(r)
+    return flat
+
+
+def outputs(case_out: dict, args: dict, result) -> dict:
+    """name -> tensor written or returned, for the names of a case's ``out``."""
+    it = iter(returned(result))
+    got = {}
+    for key in case_out:
+        t = args[key] if key in args else next(it)
+        got[key] = t[0] if isinstance(t, tuple) else t
+    return got
+
+
+def differences(got: dict, want: dict) -> list[str]:
+    """Whole-storage byte comparison (the view's bytes where the storages differ in size)."""
+    problems = []
+    for key, w in want.items():
+        g = got[key]
+        if storage_bytes(g).numel() == storage_bytes(w).numel():
+            a, b = storage_bytes(g), storage_bytes(w)
+        else:
+            a, b = view_bytes(g), view_bytes(w)
+        if not torch.equal(a, b):
+            bad = (a != b).nonzero().flatten()
+            problems.append(f"{key}: {bad.numel()} of {b.numel()} bytes differ (first offsets {bad[:8].tolist()})")
+    return problems

@@ -2,8 +2,8 @@
 # The project's test command (README): every suite that runs without a GPU.
 #
 #   bash tests/run.sh          fast tier: every op on every implementation that runs here,
-#                              a slice of the matrix (3-4 minutes on 2 cores)
-#   bash tests/run.sh --full   everything (what CI runs; about 35 minutes on 2 cores)
+#                              a slice of the matrix (2-5 minutes on 2 cores)
+#   bash tests/run.sh --full   everything (what CI runs; 20-35 minutes on 2 cores)
 #
 # Steps: (1) pytest over tests/ -- reference vs vLLM's golden vectors, the conformance matrix
 # (cpu + reference), registry/CLI, torch.library, validation, hypothesis, AOT builds;
@@ -26,9 +26,9 @@ done
 export DSV41_TEST_TIER=$TIER
 export DSV41_CACHE_DIR="${DSV41_CACHE_DIR:-$PWD/.cache-dsv41}"
 if [[ $TIER == fast ]]; then
-  echo "dsv41 tests, fast tier: expect 3-4 minutes on 2 cores (bash tests/run.sh --full: about 35)"
+  echo "dsv41 tests, fast tier: expect 2-5 minutes on 2 cores (bash tests/run.sh --full: 20-35)"
 else
-  echo "dsv41 tests, full tier: expect about 35 minutes on 2 cores"
+  echo "dsv41 tests, full tier: expect 20-35 minutes on 2 cores"
 fi
 
 PYTEST=(python -m pytest -q -p no:cacheprovider)

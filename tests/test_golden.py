@@ -16,7 +16,7 @@ import torch
 import dsv41
 from dsv41 import registry
 from dsv41.reference import ReferenceBackend
-from golden import SET_FILES, clone_value, load_set, storage_bytes, view_bytes
+from golden import SET_FILES, clone_value, differences, load_set, outputs
 from impls import Impl, implementations
 
 GOLDEN, MISSING = [], {}
@@ -41,34 +41,6 @@ def _param(g):
     return pytest.param(g, id=g.id, marks=marks)
 
 
-def _returned(result) -> list:
-    """The op's return value as the list of tensors a case's ``out`` names (a
-    ``QuantizedActivation`` is its data and scale; a plain int is a 0-d tensor)."""
-    if result is None:
-        return []
-    items = result if isinstance(result, tuple) else (result,)
-    flat = []
-    for r in items:
-        if isinstance(r, dsv41.QuantizedActivation):
-            flat.extend((r.data, r.scale))
-        elif isinstance(r, int):
-            flat.append(torch.tensor(r))
-        else:
-            flat.append(r)
-    return flat
-
-
-def _compare(name, got, want):
-    if storage_bytes(got).numel() == storage_bytes(want).numel():
-        g, w = storage_bytes(got), storage_bytes(want)
-    else:
-        g, w = view_bytes(got), view_bytes(want)
-    if not torch.equal(g, w):
-        bad = (g != w).nonzero().flatten()
-        return f"{name}: {bad.numel()} of {w.numel()} bytes differ (first offsets {bad[:8].tolist()})"
-    return None
-
-
 @pytest.mark.parametrize("golden", [_param(g) for g in GOLDEN])
 @pytest.mark.parametrize("impl", IMPLS, ids=[i.name for i in IMPLS])
 def test_golden_vector(golden, impl, monkeypatch):
@@ -87,13 +59,5 @@ def test_golden_vector(golden, impl, monkeypatch):
     result = fn(**pos, **{k: args[k] for k in kw_only if k in args}, **golden.call_kwargs(fn))
     if impl.device != "cpu":
         getattr(torch, impl.device).synchronize()
-    returned = iter(_returned(result))
-    problems = []
-    for key, want in golden.out.items():
-        got = args[key] if key in args else next(returned)
-        if isinstance(got, tuple):
-            got = got[0]
-        p = _compare(key, got, want)
-        if p:
-            problems.append(p)
+    problems = differences(outputs(golden.out, args, result), golden.out)
     assert not problems, "; ".join(problems)
