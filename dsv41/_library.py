@@ -82,6 +82,7 @@ def compute_global_topk_indices_and_lens(
     is_valid_token: Tensor,
     global_topk_indices: Tensor,
     topk_lens: Tensor,
+    compact: bool = False,
 ) -> None:
     _run(
         "compute_global_topk_indices_and_lens",
@@ -93,6 +94,7 @@ def compute_global_topk_indices_and_lens(
         is_valid_token,
         global_topk_indices,
         topk_lens,
+        compact,
     )
 
 

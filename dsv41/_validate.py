@@ -105,6 +105,8 @@ class Check:
 
     def cos_sin(self, arg, t, rope_dim=None, dtypes=(torch.float32, torch.bfloat16)):
         self.tensor(arg, t, dtype=dtypes, ndim=2)
+        # at least one row: a position outside the table has a row to be clamped to
+        self.size(arg, t, 0, at_least=1)
         if rope_dim is not None:
             self.size(arg, t, 1, expected=rope_dim)
         self.stride(arg, t, 1, expected=1)

@@ -221,7 +221,7 @@ TOPK_GLOBAL = 2048  # compute_global_topk_indices_and_lens: top-k width per toke
 COMPRESSED_CTX = 16384  # compressed tokens per request the local indices point into
 
 
-def _build_global_topk(gen: _Gen, t: int, plat) -> Case:
+def _build_global_topk(gen: _Gen, t: int, compact: bool, plat) -> Case:
     reqs = t if t <= DECODE_MAX else 4
     width = COMPRESSED_CTX // BLOCK
     table = gen.randperm(reqs * width, dtype=I32).view(reqs, width).contiguous()
@@ -232,7 +232,7 @@ def _build_global_topk(gen: _Gen, t: int, plat) -> Case:
     out = gen.empty(t, TOPK_GLOBAL, dtype=I32)
     lens = gen.empty(t, dtype=I32)
     nbytes = t * TOPK_GLOBAL * 4 * 2 + t * 4 + t + t * 4 + table.numel() * 4
-    return Case((idx, t2r, table, BLOCK, valid, out, lens), nbytes)
+    return Case((idx, t2r, table, BLOCK, valid, out, lens, compact), nbytes)
 
 
 TOPK_SPARSE = 512  # combine / flashinfer: compressed top-k per token
@@ -456,7 +456,8 @@ VARIANTS = (
     Variant("dequantize_and_gather_k_cache", "584", _with(_build_gather, 584)),
     Variant("dequantize_and_gather_k_cache", "528", _with(_build_gather, 528)),
     Variant("dequantize_and_gather_k_cache", "288", _with(_build_gather, 288)),
-    Variant("compute_global_topk_indices_and_lens", None, _build_global_topk),
+    Variant("compute_global_topk_indices_and_lens", None, _with(_build_global_topk, False)),
+    Variant("compute_global_topk_indices_and_lens", "compact", _with(_build_global_topk, True)),
     Variant("combine_topk_swa_indices", None, _build_combine),
     Variant("build_flashinfer_mixed_sparse_indices", None, _build_flashinfer),
     Variant("fused_save_compress_norm", "CR1", _build_save_compress),

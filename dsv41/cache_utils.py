@@ -212,12 +212,19 @@ def compute_global_topk_indices_and_lens(
     block_table: torch.Tensor,
     block_size: int,
     is_valid_token: torch.Tensor,
+    *,
+    compact: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Map local top-k indices to global cache slots and count valid entries.
 
-    Returns ``(global_topk_indices [N, K] int32, topk_lens [N] int32)``: −1
-    stays −1 in place (no compaction); padding tokens (``is_valid_token``
-    False) get length 0 but their row is still translated.
+    Returns ``(global_topk_indices [N, K] int32, topk_lens [N] int32)``.  An entry
+    is valid when it is ``>= 0``, its token's request index is a row of
+    ``block_table`` and its logical block ``x // block_size`` is inside the
+    table's width; every other entry becomes −1 and is not counted.  Without
+    ``compact`` (keyword-only) the −1 holes stay in place; with it each row's
+    valid entries move to its front in their original order, −1 after them.
+    Padding tokens (``is_valid_token`` False) get length 0 but their row is
+    still translated (and compacted).
     """
     c = Check("compute_global_topk_indices_and_lens")
     c.tensor("topk_indices", topk_indices, dtype=I32, ndim=2)
@@ -230,12 +237,13 @@ def compute_global_topk_indices_and_lens(
     c.integer("block_size", block_size, min_value=1)
     c.tensor("is_valid_token", is_valid_token, dtype=torch.bool, ndim=1)
     c.size("is_valid_token", is_valid_token, 0, at_least=n)
+    c.flag("compact", compact)
     out = torch.empty((n, topk_indices.shape[1]), dtype=I32, device=topk_indices.device)
     lens = torch.empty((n,), dtype=I32, device=topk_indices.device)
     if n > 0:
         _ic.check_compute_global_topk_indices_and_lens(topk_indices, token_to_req_indices, block_table, block_size, is_valid_token)
         _ops.compute_global_topk_indices_and_lens(
-            topk_indices, token_to_req_indices, block_table, block_size, is_valid_token, out, lens
+            topk_indices, token_to_req_indices, block_table, block_size, is_valid_token, out, lens, compact
         )
     return out, lens
 

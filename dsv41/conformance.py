@@ -197,19 +197,31 @@ def _gather(width, fnuz, partial=False, noncontig=False, block_size=64, seed=2, 
     return build
 
 
-def _global_topk(k=37, noncontig=True, n=12, seed=3):
+def _global_topk(k=37, noncontig=True, n=12, seed=3, compact=False, oob=False, width=6):
+    """Table of 3 requests, ``width`` logical blocks of 64 (a ``[:, :width]`` view of an
+    11-block-wide table when ``noncontig``).  ``oob``: request indices outside the table
+    (−1, 3 = the row count, ±2^31 ends) and logical blocks past the width (blocks 6-10 lie
+    inside the wide table's stride, the last column is 2^31 - 1), which the op defines as
+    invalid entries (−1, not counted)."""
     def build(device):
         g = _gen(seed)
         idx = torch.randint(-1, 6 * 64, (n, k), generator=g, dtype=I32)
         if n > 2:
             idx[2] = -1
         wide = torch.randint(0, 50, (3, 11), generator=g, dtype=I32)
-        table = wide[:, :6] if noncontig else wide[:, :6].contiguous()
+        table = wide[:, :width] if noncontig else wide[:, :width].contiguous()
         t2r = torch.randint(0, 3, (n + 3,), generator=g, dtype=I32)
         valid = torch.rand(n + 3, generator=g) > 0.25
+        if oob:
+            past = torch.randint(6 * 64, 11 * 64, (n, k), generator=g, dtype=I32)
+            idx = torch.where(torch.rand(n, k, generator=g) < 0.3, past, idx)
+            if k:
+                idx[:, -1] = 2**31 - 1
+            bad = torch.tensor([-1, 3, 2**31 - 1, -(2**31)], dtype=I32)[: max(0, n - 3)]
+            t2r[3: 3 + bad.numel()] = bad
         out = torch.full((n, k), -7, dtype=I32)
         lens = torch.full((n,), -7, dtype=I32)
-        return _on(device, [idx, t2r, table, 64, valid, out, lens])
+        return _on(device, [idx, t2r, table, 64, valid, out, lens, compact])
 
     return build
 
@@ -479,6 +491,13 @@ def _all_cases() -> list[Case]:
     A(Case("compute_global_topk_indices_and_lens", "basic", _global_topk(), (5, 6)))
     A(Case("compute_global_topk_indices_and_lens", "wide-1030", _global_topk(k=1030, noncontig=False), (5, 6)))
     A(Case("compute_global_topk_indices_and_lens", "empty", _global_topk(n=0), (5, 6)))
+    A(Case("compute_global_topk_indices_and_lens", "compact", _global_topk(compact=True), (5, 6)))
+    A(Case("compute_global_topk_indices_and_lens", "out-of-table", _global_topk(oob=True), (5, 6)))
+    A(Case("compute_global_topk_indices_and_lens", "out-of-table-compact", _global_topk(oob=True, compact=True), (5, 6)))
+    A(Case("compute_global_topk_indices_and_lens", "wide-1030-out-of-table-compact",
+           _global_topk(k=1030, noncontig=False, oob=True, compact=True, seed=7), (5, 6)))
+    A(Case("compute_global_topk_indices_and_lens", "width-0-compact", _global_topk(width=0, compact=True), (5, 6)))
+    A(Case("compute_global_topk_indices_and_lens", "empty-compact", _global_topk(n=0, compact=True), (5, 6)))
     A(Case("combine_topk_swa_indices", "cr4", _combine(4, 50), (9, 10)))
     A(Case("combine_topk_swa_indices", "cr0-swa-only", _combine(0, 0), (9, 10)))
     A(Case("combine_topk_swa_indices", "cr1-not-rebased", _combine(1, 64, rebased=False), (9, 10)))

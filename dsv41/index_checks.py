@@ -1,14 +1,18 @@
-"""Opt-in index-range validation of the public ops (``DSV41_VALIDATE=1``).
+"""Index-range validation of the public ops: opt-in in full (``DSV41_VALIDATE=1``), always
+for the bounds on the implementations that own the host.
 
 The host-side checks of ``_validate`` read tensor metadata only and always run.
 The checks here read tensor *values* (slots, block-table entries, positions,
 request indices, lengths), so they need the values on the host: each call does
 its reductions on the tensors' device and then synchronizes once (one
 ``.tolist()`` of a handful of booleans; a second small sync only when something
-is wrong).  That costs a device round trip per op, hence opt-in: set
-``DSV41_VALIDATE=1`` in the environment (read once, on first use; ``refresh()``
-re-reads it).  The checks are skipped while ``torch.compile`` traces and during CUDA-graph
-capture, where a sync is impossible.
+is wrong).  That costs a device round trip per op, hence opt-in in the public ops:
+set ``DSV41_VALIDATE=1`` in the environment (read once, on first use; ``refresh()``
+re-reads it).  ``enforce(op, args)`` runs the bounds part whatever the variable says:
+the reference calls it on every call and the CPU kernels when their C++ pre-scan finds
+an index out of range, so those raise the same error with validation off
+(docs/bad_input.md; GPU kernels skip such indices instead).  The checks are skipped
+while ``torch.compile`` traces and during CUDA-graph capture, where a sync is impossible.
 
 Every ``check_<op>`` takes (a subset of) the public op's arguments under the
 same names, returns ``None`` immediately when validation is off, and otherwise
@@ -30,7 +34,8 @@ of range (spec cache_ops.md §1.1 slot math, §4-§8; rope_quant_ops.md §2-§4)
   inside the table's width;
 * positions that index a cos/sin cache: ``0 <= p < cos_sin_cache.shape[0]``;
 * request indices (``token_to_req_indices``) in ``[0, num_requests)`` and
-  consistent with ``query_start_loc``;
+  consistent with ``query_start_loc`` (``compute_global_topk_indices_and_lens``
+  defines a request index or logical block outside its table: the entry is −1);
 * lengths: ``0 <= gather_lens <= seq_lens``, the gathered rows inside ``out``
   (``offset + n <= out.shape[1]``) or inside the request's workspace rows;
 * ``transcode_k_cache``: no page listed twice (ids past a cache are skipped by contract).
@@ -45,10 +50,12 @@ group for the duplicate check) are not checked beyond what the kernel reads.
 from __future__ import annotations
 
 import os
+import threading
 
 import torch
 
 __all__ = [
+    "ENFORCED_OPS",
     "ENV",
     "check_build_flashinfer_mixed_sparse_indices",
     "check_combine_topk_swa_indices",
@@ -65,6 +72,7 @@ __all__ = [
     "check_quantize_and_insert_k_cache",
     "check_rope_quant_insert",
     "check_transcode_k_cache",
+    "enforce",
     "refresh",
     "validate_enabled",
 ]
@@ -90,10 +98,39 @@ def validate_enabled() -> bool:
     return _enabled
 
 
+# Set while ``enforce`` runs a check whatever ``DSV41_VALIDATE`` says (per thread).
+_enforcing = threading.local()
+
+# Ops whose out-of-range indices are errors.  The index builders define a result for every
+# index (a read outside the block table gives the entry -1) and transcode_k_cache skips ids
+# outside either cache, so they have nothing to enforce.
+ENFORCED_OPS = frozenset({
+    "quantize_and_insert_k_cache", "dequantize_and_gather_k_cache", "fused_save_compress_norm",
+    "save_ring_rows", "rope_quant_insert", "indexer_k_norm_rope_store", "fused_indexer_q_rope_quant",
+    "fused_inv_rope_fp8_quant",
+})
+
+
+def enforce(op: str, args: list) -> None:
+    """Raise the ``ValueError`` of ``check_<op>`` for the kernel arguments ``args`` whatever
+    ``DSV41_VALIDATE`` says: the always-on rule of the implementations that can afford it
+    (the reference, and the CPU kernels when their pre-scan finds an index out of range).
+    Without ``DSV41_VALIDATE`` only bounds are enforced: duplicate slots (a write race on a
+    GPU, but never a write outside the tensors) are reported under ``DSV41_VALIDATE=1`` only."""
+    if op not in ENFORCED_OPS:
+        return
+    _enforcing.on = True
+    try:
+        check_kernel_args(op, args)
+    finally:
+        _enforcing.on = False
+
+
 def _active() -> bool:
-    """Validation on, and the call is not being traced by ``torch.compile`` nor captured
-    into a CUDA graph (a device sync is impossible there: the checks are skipped)."""
-    if not validate_enabled():
+    """Validation on (or ``enforce`` running), and the call is not being traced by
+    ``torch.compile`` nor captured into a CUDA graph (a device sync is impossible there: the
+    checks are skipped)."""
+    if not (validate_enabled() or getattr(_enforcing, "on", False)):
         return False
     if torch.compiler.is_compiling():
         return False
@@ -131,11 +168,12 @@ class _Checks:
                 continue
             where = bad.nonzero()[0].tolist()
             at = locate(where) if locate is not None else "[" + ", ".join(str(i) for i in where) + "]"
+            tag = f" ({ENV})" if validate_enabled() else ""
             if values is None:
-                raise ValueError(f"{self.op}: argument '{arg}' at {at}: expected {expected} ({ENV})")
+                raise ValueError(f"{self.op}: argument '{arg}' at {at}: expected {expected}{tag}")
             v = values[tuple(where)].item()
             said = what.format(v=v, at=at) if "{v}" in what else f"has {what} {v} at {at}"
-            raise ValueError(f"{self.op}: argument '{arg}' {said}, expected {expected} ({ENV})")
+            raise ValueError(f"{self.op}: argument '{arg}' {said}, expected {expected}{tag}")
 
 
 def _slots(ch: _Checks, arg: str, slot_mapping, limit: int, limit_text: str, writes=None):
@@ -151,7 +189,7 @@ def _duplicates(ch: _Checks, arg: str, s: torch.Tensor, w: torch.Tensor, what: s
                 expected: str = "distinct slots for the tokens that write (two tokens writing one slot race)"):
     """Report the second of two writing tokens that share a slot (a write race)."""
     n = s.shape[0]
-    if n < 2:
+    if n < 2 or not validate_enabled():
         return
     # Non-writing tokens get distinct negative keys; writing ones their slot.
     key = torch.where(w, s, -1 - torch.arange(n, device=s.device, dtype=_I64))
@@ -258,7 +296,7 @@ def check_dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, blo
     rows = out.shape[1]
     n = n.clamp(min=0)
     ch.add(arg_n, offset + n > rows, n,
-           f"offset + n <= out.shape[1] (offset {offset}, out.shape[1] {rows})", what="length")
+           f"offset + n <= out.shape[1] (argument 'offset' = {offset}, out.shape[1] = {rows})", what="length")
     if R > 0:
         B = block_size
         Lc = L.clamp(min=0)
@@ -267,9 +305,9 @@ def check_dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, blo
         last = (Lc - 1).clamp(min=0) // B
         width = block_table.shape[1]
         reads = nc > 0
-        ch.add("block_table", reads & (last >= width), last + 1,
-               f"a table width >= the logical blocks read (table width {width})",
-               what="is too narrow: request {at} reads {v} logical blocks")
+        ch.add("seq_lens", reads & (last >= width), L,
+               f"positions L-n ... L-1 inside the width of 'block_table' ({width} blocks of {B} = {width * B} positions)",
+               what="length")
         j = torch.arange(width, device=dev, dtype=_I64).unsqueeze(0)
         read = reads.unsqueeze(1) & (j >= first.unsqueeze(1)) & (j <= last.unsqueeze(1))
         r = torch.arange(R, device=dev, dtype=_I64).unsqueeze(1)
@@ -279,22 +317,22 @@ def check_dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, blo
 
 
 def check_compute_global_topk_indices_and_lens(topk_indices, token_to_req_indices, block_table, block_size, is_valid_token) -> None:
-    """Rows with an index ``x >= 0`` read ``block_table[token_to_req[n], x // B]``: the request
-    index in ``[0, block_table.shape[0])``, the logical block inside the table, the entry >= 0."""
+    """Entries the op translates, ``block_table[token_to_req[n], x // B]`` for ``x >= 0``, must
+    be >= 0 with ``id * B`` inside int32.  A request index outside ``[0, block_table.shape[0])``
+    or a logical block past the table width is not checked: the op defines it (entry −1, not
+    counted; spec §5, bounds-checked variant)."""
     if not _active():
         return
     ch = _Checks("compute_global_topk_indices_and_lens")
     n = topk_indices.shape[0]
     x = topk_indices.to(_I64)
     present = x >= 0
-    reads = present.any(dim=1)
     req = token_to_req_indices[:n].to(_I64)
-    nr = block_table.shape[0]
-    _requests(ch, "token_to_req_indices", req, nr, "block_table.shape[0]", reads)
-    req_ok = (req >= 0) & (req < nr)
-    _table_reads(ch, "topk_indices", block_table, req.unsqueeze(1), torch.where(present, x, 0) // block_size,
-                 present & req_ok.unsqueeze(1), None, block_size, "topk_indices[n, j] // block_size", "token",
-                 table_arg="block_table")
+    nr, width = block_table.shape
+    blk = torch.where(present, x, 0) // block_size
+    read = present & ((req >= 0) & (req < nr)).unsqueeze(1) & (blk < width)
+    _table_reads(ch, "topk_indices", block_table, req.unsqueeze(1), blk, read, None, block_size,
+                 "topk_indices[n, j] // block_size", "token", table_arg="block_table")
     ch.run()
 
 
@@ -438,7 +476,7 @@ def check_fused_save_compress_norm(positions, state_cache, slot_mapping, query_s
     """CR 2 only (CR 1 reads no index: any slot >= 0 just marks a valid token):
     ring slots ``< state_cache.shape[0] * capacity``, ``token_to_req_indices`` in
     ``[0, num_reqs)``, ``query_start_loc`` non-decreasing from >= 0 up to ``<= T``, every
-    token with a slot inside its request's chunk, its position >= 0, and
+    token with a slot inside its request's chunk, its position in ``[0, 2^31)``, and
     ``prev_row_indices[:num_reqs] < prev_rows.shape[0]`` (negative: read the ring)."""
     if not _active() or compress_ratio != 2:
         return
@@ -461,9 +499,10 @@ def check_fused_save_compress_norm(positions, state_cache, slot_mapping, query_s
         rq = torch.where(req_ok, req, 0)
         t = torch.arange(T, device=s.device, dtype=_I64)
         ch.add("token_to_req_indices", valid & req_ok & ((t < q[rq]) | (t >= q[rq + 1])), req,
-               "the request whose query_start_loc range holds the token", what="request index")
+               "the request whose range in 'query_start_loc' holds the token", what="request index")
     p = positions.reshape(-1)[:T].to(_I64)
-    ch.add("positions", valid & (p < 0), p, "a position >= 0 for every token with a slot", what="value")
+    ch.add("positions", valid & ((p < 0) | (p > _INT32_MAX)), p,
+           "a position in [0, 2^31) for every token with a slot", what="value")
     if prev_rows is not None and R > 0:
         pi = prev_row_indices[:R].to(_I64)
         ch.add("prev_row_indices", pi >= prev_rows.shape[0], pi,

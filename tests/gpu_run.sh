@@ -11,6 +11,9 @@
 #     sweep     launch-shape sweep of the Triton kernels (python -m dsv41.backends.triton.sweep)
 #     profile   Nsight Compute sections of one call per CUDA implementation (PROFILE_ARGS)
 #     sanitize  compute-sanitizer memcheck and racecheck over the conformance and fuzz inputs
+#     hostile   the hostile-index matrix (tests/hostile.py: every op x index argument x
+#               out-of-range value) for every CUDA implementation under compute-sanitizer
+#               memcheck, one process per implementation (HOSTILE_IMPLS narrows)
 #     vllm      vLLM 0.33.0's own DeepSeek V4/V4.1 kernels and the dsv41 ops its plugin routes
 #               to, side by side through the same vLLM names: bytes and time
 #               (tests/vllm_gpu/side_by_side.py; needs .device/vllm033-ops.tar.xz from
@@ -99,6 +102,17 @@ for step in $STEPS; do
           $PY -m pytest -q -p no:cacheprovider $files \
           -k "${SANITIZE_K:-cuda and not reference_self_check}" ${SANITIZE_ARGS:-} > "$OUT/$tool.txt" 2>&1
         echo "$tool rc=$?" >> "$OUT/$tool.txt"; tail -4 "$OUT/$tool.txt"
+      done ;;
+    hostile)
+      # PYTORCH_NO_CUDA_MEMORY_CACHING (set by hostile.py): each tensor its own allocation, so
+      # memcheck sees an access past any of them
+      : > "$OUT/hostile.txt"
+      for impl in ${HOSTILE_IMPLS:-cuda:triton cuda:cutedsl rocm@cuda xpu@cuda}; do
+        timeout "$LIMIT" compute-sanitizer --tool memcheck --print-limit 20 --error-exitcode 99 \
+          $PY tests/hostile.py --device cuda --impl "$impl" --quiet > "$OUT/hostile-$impl.txt" 2>&1
+        echo "hostile $impl rc=$?" | tee -a "$OUT/hostile.txt"
+        grep -E "^FAIL|== summary|ERROR SUMMARY" "$OUT/hostile-$impl.txt" | tee -a "$OUT/hostile.txt"
+        rm -f "$OUT/hostile-$impl.txt"
       done ;;
     vllm)
       # vLLM is not installed here: the harness lays vLLM's op files from the archive and

@@ -6,10 +6,12 @@
 #   bash tests/run.sh --full   everything (what CI runs; 20-35 minutes on 2 cores)
 #
 # Steps: (1) pytest over tests/ -- reference vs vLLM's golden vectors, the conformance matrix
-# (cpu + reference), registry/CLI, torch.library, validation, hypothesis, AOT builds;
+# (cpu + reference), the hostile-index matrix (cpu + reference), registry/CLI, torch.library,
+# validation, hypothesis, AOT builds;
 # (2) input validation again under `python -O`; (3) the Triton kernels of the cuda, rocm and
 # xpu backends in Triton's interpreter (made bit-exact by tests/triton_interp.py) over the
-# conformance matrix and the golden vectors; (4) kernel checks that need Triton to run.
+# conformance matrix and the golden vectors (full tier: and the hostile-index matrix);
+# (4) kernel checks that need Triton to run.
 # Every step runs even if one before it failed; a summary and the exit status come at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -57,9 +59,13 @@ PY
 run_step "1 pytest tests/" "${PYTEST[@]}" tests
 run_step "2 validation under python -O" python -O -m pytest -q -p no:cacheprovider tests/test_validation.py
 if [[ -z $INTERP_WHY ]]; then
+  # the hostile-index matrix of the interpreted kernels (2-6 minutes) in the full tier only;
+  # its cpu / reference columns run in step 1 of both tiers
+  HOSTILE=()
+  [[ $TIER == full ]] && HOSTILE=(tests/test_hostile_indices.py)
   run_step "3 Triton kernels in the interpreter" env TRITON_INTERPRET=1 "${PYTEST[@]}" \
     tests/test_conformance.py tests/test_golden.py tests/test_transcode.py tests/test_interchange.py \
-    tests/test_launch_shapes.py -k "interp"
+    tests/test_launch_shapes.py "${HOSTILE[@]}" -k "interp"
   run_step "4 kernel checks in the interpreter" env TRITON_INTERPRET=1 "${PYTEST[@]}" tests/test_nvfp4_quotient.py
 else
   echo "== steps 3-4 skipped: $INTERP_WHY"

@@ -721,18 +721,19 @@ def test_save_ring_rows(N):
                   f"save_ring_rows N={N} vs reference")
 
 
-def test_save_ring_rows_skips_slots_outside_the_ring():
-    """A slot past blocks * cap (never passed by the public function) writes nothing."""
+def test_save_ring_rows_rejects_slots_outside_the_ring():
+    """A slot past blocks * cap raises the typed error naming it and writes nothing."""
     g = torch.Generator().manual_seed(3)
     nb, cap = 3, 4
     buf = _kv_rows(g, nb * cap + 4, 1024, ["normal"])
     state = buf[: nb * cap].view(nb, cap, 1024)
     rows = _kv_rows(g, 4, 1024, ["large"])
-    slot = torch.tensor([nb * cap, 5, nb * cap + 3, -1])
-    want = _clone_view(state)
-    want[1, 1] = rows[1]
-    ops.save_ring_rows(rows, slot, state)
-    _assert_bytes(state, want, "out-of-ring slots")
+    want = _clone_view(buf)
+    for bad in (nb * cap, nb * cap + 3, 2**31 - 1):
+        slot = torch.tensor([5, bad, -1, 7])
+        with pytest.raises(ValueError, match=f"'slot_mapping' has value {bad} at \\[1\\]"):
+            ops.save_ring_rows(rows, slot, state)
+        _assert_bytes(buf, want, "out-of-ring slots")
 
 
 def test_compress_exp_matches_reference():

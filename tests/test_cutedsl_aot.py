@@ -71,12 +71,12 @@ def test_compile_all(arch):
 @needs_cutlass
 def test_fast_launch_layout():
     """The fast path writes one ctypes cell per argument: the DSL must marshal it the same way."""
-    vals = tuple(0x7F0000001000 + 17 * k for k in range(11)) + (64, 3, 5, 7)
+    vals = tuple(0x7F0000001000 + 17 * k for k in range(11)) + (64, 3, 6, 13, 200, 5, 7)
     for interleaved in (False, True):
         g = G.compile_gather("sm_90a", 528, interleaved=interleaved)
         assert g.check_layout(vals, 0x5A5A5A5A5A)
     q = Q.compile_indexer_q("sm_90a")
-    vals = tuple(0x7F0000002000 + 3 * k for k in range(19)) + (9, 64, 0.08838834764831845, 0.125, 11)
+    vals = tuple(0x7F0000002000 + 3 * k for k in range(19)) + (9, 64, 0.08838834764831845, 0.125, 4096, 11)
     assert q.check_layout(vals, 0x1234)
 
 

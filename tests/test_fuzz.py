@@ -381,17 +381,24 @@ def st_compute_global_topk_indices_and_lens(draw):
     table = torch.randint(0, min(5000, (2**31 - 1) // B - 1), (R, wt), generator=g, dtype=I32)
     if draw(st.booleans()):
         table = strided_rows(table, draw(st.integers(1, 5)))
-    idx = torch.randint(-1, wt * B, (N, K), generator=g, dtype=I32)
+    # past_width > 0: logical blocks past the table width too (defined: −1, not counted)
+    past_width = draw(st.sampled_from([0, 0, 3]))
+    idx = torch.randint(-1, (wt + past_width) * B, (N, K), generator=g, dtype=I32)
     holes = torch.rand(N, K, generator=g) < draw(st.sampled_from([0.0, 0.2, 1.0]))
     idx = torch.where(holes, torch.tensor(draw(st.sampled_from([-1, -2, -1000])), dtype=I32), idx)
     if N and K and draw(st.booleans()):
         idx[0] = idx[0, :1].expand(K).clone()  # duplicates: allowed for an index builder
     extra = draw(st.integers(0, 3))
     t2r = torch.randint(0, R, (N + extra,), generator=g, dtype=I32)
+    if N and draw(st.booleans()):  # request indices outside the table (defined like past_width)
+        bad = torch.tensor([-1, R, R + 7, 2**31 - 1, -(2**31)], dtype=I32)
+        rows = torch.rand(N, generator=g) < 0.4
+        t2r[:N] = torch.where(rows, bad[torch.randint(0, 5, (N,), generator=g)], t2r[:N])
     valid = torch.rand(N + extra, generator=g) > 0.3
+    compact = draw(st.booleans())
     out = out_buffer((N, K), I32)
     lens = out_buffer((N,), I32)
-    return Built("compute_global_topk_indices_and_lens", [idx, t2r, table, B, valid, out, lens], (5, 6),
+    return Built("compute_global_topk_indices_and_lens", [idx, t2r, table, B, valid, out, lens, compact], (5, 6),
                  {5: exact(bytes_of(out)), 6: exact(bytes_of(lens))})
 
 

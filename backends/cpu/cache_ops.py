@@ -20,6 +20,7 @@ import ctypes
 
 import torch
 
+from . import bounds
 from ._build import load_typed
 
 __all__ = [
@@ -108,6 +109,14 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
 
 
+def _check_slots_positions(op: str, slots, pos, cache, cos_sin_cache, args: list, slot_arg: str) -> None:
+    """Writers of paged records: slots >= 0 inside the cache, their positions inside cos/sin."""
+    T = slots.shape[0]
+    if (bounds.first_outside(slots, T, 0, cache.shape[0] * cache.shape[1], skip_negative=True) >= 0
+            or bounds.first_outside(pos, T, 0, cos_sin_cache.shape[0], mask=slots) >= 0):
+        bounds.reject(op, args, slot_arg)
+
+
 def _cos_sin_args(cos_sin_cache: torch.Tensor):
     cs = cos_sin_cache
     if cs.dtype not in (torch.float32, torch.bfloat16):
@@ -133,6 +142,8 @@ def quantize_and_insert_k_cache(
     if T == 0:
         return
     slots = _i64(slot_mapping)
+    if bounds.first_outside(slots, T, 0, k_cache.shape[0] * int(block_size), skip_negative=True) >= 0:
+        bounds.reject("quantize_and_insert_k_cache", [k, k_cache, slot_mapping, block_size], "slot_mapping")
     k = _unit_last(k)
     rc = library().dsv41_quantize_insert_k(
         k.data_ptr(), k.stride(0), k_cache.data_ptr(), k_cache.stride(0),
@@ -171,6 +182,9 @@ def dequantize_and_gather_k_cache(
     if num_reqs == 0:
         return
     bt = _i32(block_table)
+    if bounds.gather_first_bad(lens, glens, bt, k_cache.shape[0], int(block_size), int(offset), out.shape[1]) >= 0:
+        bounds.reject("dequantize_and_gather_k_cache",
+                      [out, k_cache, seq_lens, gather_lens, block_table, block_size, offset], "seq_lens")
     rc = library().dsv41_dequant_gather_k(
         out.data_ptr(), out.stride(0), out.stride(1),
         k_cache.data_ptr(), k_cache.stride(0), int(k_cache.shape[-1]),
@@ -204,6 +218,8 @@ def rope_quant_insert(
         return
     slots = _i64(slot_mapping)
     pos = _i64(positions, T)
+    _check_slots_positions("rope_quant_insert", slots, pos, kv_cache, cos_sin_cache,
+                           [latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio], "slot_mapping")
     latent = _unit_last(latent)
     cs, cs_bf16, cs0, cs1 = _cos_sin_args(cos_sin_cache)
     scale = None
@@ -250,6 +266,9 @@ def indexer_k_norm_rope_store(
         return
     slots = _i64(kv_slot_mapping)
     pos = _i64(positions, T)
+    _check_slots_positions("indexer_k_norm_rope_store", slots, pos, k_cache, cos_sin_cache,
+                           [k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache, kv_slot_mapping,
+                            compress_ratio], "kv_slot_mapping")
     k_pre = _unit_last(k_pre)
     cs, cs_bf16, cs0, cs1 = _cos_sin_args(cos_sin_cache)
     w = rms_norm_weight.reshape(-1).to(torch.float32).contiguous()

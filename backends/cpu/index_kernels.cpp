@@ -87,7 +87,11 @@ inline int32_t table_slot(const int32_t* trow, int64_t cs, uint32_t ncols, int32
     return (int32_t)((uint32_t)trow[(int64_t)col * cs] * B.d + (u - col * B.d));
 }
 
-template <bool POW2, bool UNIT>
+// One §5 row: dst[j] = slot of src[j] where valid (x >= 0, logical block < ncols; the
+// request row is known to exist), else -1; `count` = number of valid entries.  COMPACT
+// writes the valid slots to the front in their order and -1 after them.  The plain loop is
+// branch-free so that it vectorizes; the compacting one has a data-dependent store address.
+template <bool POW2, bool UNIT, bool COMPACT>
 inline void translate_row(const int32_t* __restrict src, int32_t* __restrict dst, int64_t K,
                           const int32_t* __restrict trow, int64_t cs, uint32_t ncols, const Divider& B,
                           int32_t& count) {
@@ -109,19 +113,33 @@ inline void translate_row(const int32_t* __restrict src, int32_t* __restrict dst
         const bool ok = pres && col < ncols;
         const uint32_t cc = ok ? col : 0u;
         const int32_t bid = UNIT ? trow[cc] : trow[(int64_t)cc * cs];
-        dst[j] = ok ? (int32_t)((uint32_t)bid * d + off) : -1;
-        cnt += pres ? 1 : 0;
+        const int32_t slot = (int32_t)((uint32_t)bid * d + off);
+        if (COMPACT) {
+            if (ok) dst[cnt] = slot;
+        } else {
+            dst[j] = ok ? slot : -1;
+        }
+        cnt += ok ? 1 : 0;
     }
+    if (COMPACT)
+        for (int64_t j = cnt; j < K; ++j) dst[j] = -1;
     count = cnt;
 }
 
-inline void count_row(const int32_t* __restrict src, int32_t* __restrict dst, int64_t K, int32_t& count) {
-    int32_t cnt = 0;
-    for (int64_t j = 0; j < K; ++j) {
-        cnt += src[j] >= 0 ? 1 : 0;
-        dst[j] = -1;
+template <bool COMPACT>
+inline void translate_row_any(const int32_t* src, int32_t* dst, int64_t K, const int32_t* trow, int64_t cs,
+                              uint32_t ncols, const Divider& B, int32_t& count) {
+    if (cs == 1) {
+        if (B.pow2)
+            translate_row<true, true, COMPACT>(src, dst, K, trow, 1, ncols, B, count);
+        else
+            translate_row<false, true, COMPACT>(src, dst, K, trow, 1, ncols, B, count);
+    } else {
+        if (B.pow2)
+            translate_row<true, false, COMPACT>(src, dst, K, trow, cs, ncols, B, count);
+        else
+            translate_row<false, false, COMPACT>(src, dst, K, trow, cs, ncols, B, count);
     }
-    count = cnt;
 }
 
 // §7 fused "table lookup then span remap" for a power-of-two block size (the same size for
@@ -183,7 +201,8 @@ inline void fill_m1(int32_t* __restrict dst, int64_t n) {
 
 extern "C" {
 
-// §5 (reference version, not compacted).
+// §5 with the bounds-checked variant's rules: an entry whose request index is not a table
+// row or whose logical block is past the table width is -1 and not counted, like x < 0.
 void dsv41_compute_global_topk_indices_and_lens(
     const int32_t* topk, int64_t n_tok, int64_t K, int64_t topk_s0,
     const int32_t* t2r, int64_t t2r_s0,
@@ -191,7 +210,8 @@ void dsv41_compute_global_topk_indices_and_lens(
     int64_t block_size,
     const uint8_t* valid, int64_t valid_s0,
     int32_t* out, int64_t out_s0,
-    int32_t* lens, int64_t lens_s0) {
+    int32_t* lens, int64_t lens_s0,
+    int64_t compact) {
     if (n_tok <= 0) return;
     const Divider B(block_size);
     const uint32_t ncols = (uint32_t)n_cols;
@@ -203,20 +223,13 @@ void dsv41_compute_global_topk_indices_and_lens(
         int32_t* dst = out + n * out_s0;
         int32_t cnt = 0;
         if (r < 0 || r >= n_rows || n_cols <= 0) {
-            count_row(src, dst, K, cnt);
+            fill_m1(dst, K);  // no entry of the row is valid
         } else {
             const int32_t* trow = table + (int64_t)r * table_s0;
-            if (table_s1 == 1) {
-                if (B.pow2)
-                    translate_row<true, true>(src, dst, K, trow, 1, ncols, B, cnt);
-                else
-                    translate_row<false, true>(src, dst, K, trow, 1, ncols, B, cnt);
-            } else {
-                if (B.pow2)
-                    translate_row<true, false>(src, dst, K, trow, table_s1, ncols, B, cnt);
-                else
-                    translate_row<false, false>(src, dst, K, trow, table_s1, ncols, B, cnt);
-            }
+            if (compact)
+                translate_row_any<true>(src, dst, K, trow, table_s1, ncols, B, cnt);
+            else
+                translate_row_any<false>(src, dst, K, trow, table_s1, ncols, B, cnt);
         }
         lens[n * lens_s0] = valid[n * valid_s0] ? cnt : 0;
     }

@@ -27,6 +27,7 @@ import ctypes
 
 import torch
 
+from . import bounds
 from ._build import build_error as _build_error
 from ._build import load
 
@@ -54,7 +55,7 @@ _CT = {"p": _P, "i": _I, "d": _D}
 
 # argument kinds per C entry point ("p" pointer, "i" int64, "d" double)
 _SIGS = {
-    "dsv41_compute_global_topk_indices_and_lens": (_INDEX, "piii" "pi" "piiii" "i" "pi" "pi" "pi"),
+    "dsv41_compute_global_topk_indices_and_lens": (_INDEX, "piii" "pi" "piiii" "i" "pi" "pi" "pi" "i"),
     "dsv41_combine_topk_swa_indices": (_INDEX, "piii" "pi" "pii" "pii" "i" "iiiii" "pii" "pi"),
     "dsv41_build_flashinfer_mixed_sparse_indices": (
         _INDEX,
@@ -149,7 +150,8 @@ def _s0(t: torch.Tensor) -> int:
 
 
 def compute_global_topk_indices_and_lens(
-    topk_indices, token_to_req_indices, block_table, block_size, is_valid_token, global_topk_indices, topk_lens
+    topk_indices, token_to_req_indices, block_table, block_size, is_valid_token, global_topk_indices, topk_lens,
+    compact=False,
 ) -> None:
     n, K = topk_indices.shape
     if n == 0:
@@ -160,7 +162,8 @@ def compute_global_topk_indices_and_lens(
         or not _rows_ok(topk_indices, global_topk_indices)
     ):
         return _reference("sparse_indices", "compute_global_topk_indices_and_lens")(
-            topk_indices, token_to_req_indices, block_table, block_size, is_valid_token, global_topk_indices, topk_lens
+            topk_indices, token_to_req_indices, block_table, block_size, is_valid_token, global_topk_indices, topk_lens,
+            compact,
         )
     _fn("dsv41_compute_global_topk_indices_and_lens")(
         _ptr(topk_indices), n, K, _s0(topk_indices),
@@ -170,6 +173,7 @@ def compute_global_topk_indices_and_lens(
         _ptr(is_valid_token), _s0(is_valid_token),
         _ptr(global_topk_indices), global_topk_indices.stride(0),
         _ptr(topk_lens), _s0(topk_lens),
+        int(bool(compact)),
     )
     return None
 
@@ -306,6 +310,15 @@ def fused_save_compress_norm(
         )
         ref = _reference("compress", "fused_save_compress_norm")
         return ref(*args) if prev_rows is None else ref(*args, prev_rows, prev_row_indices)
+    if cr == 2 and bounds.save_first_bad(
+        slot_mapping.reshape(-1), positions.reshape(-1), token_to_req_indices.reshape(-1), query_start_loc,
+        state_cache.shape[0] * state_cache.shape[1],
+        None if prev_rows is None else prev_row_indices.reshape(-1), 0 if prev_rows is None else prev_rows.shape[0],
+    ) >= 0:
+        bounds.reject("fused_save_compress_norm",
+                      [kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices,
+                       rms_norm_weight, rms_norm_eps, compress_ratio, latent_out, prev_rows, prev_row_indices],
+                      "slot_mapping")
     if prev_rows is not None:
         pidx = prev_row_indices.reshape(-1)
         prev_args = (_ptr(prev_rows), prev_rows.shape[0], prev_rows.stride(0),
@@ -350,6 +363,8 @@ def save_ring_rows(rows, slot_mapping, state_cache) -> None:
     if not ok:
         return _reference("compress", "save_ring_rows")(rows, slot_mapping, state_cache)
     slots = slot_mapping.reshape(-1)
+    if bounds.first_outside(slots, N, 0, state_cache.shape[0] * state_cache.shape[1], skip_negative=True) >= 0:
+        bounds.reject("save_ring_rows", [rows, slot_mapping, state_cache], "slot_mapping")
     _fn("dsv41_save_ring_rows")(
         _ptr(rows), N, rows.stride(0),
         _ptr(slots), int(slots.dtype == torch.int64), _s0(slots),
@@ -391,6 +406,8 @@ def fused_indexer_q_rope_quant(
             q_out, q_scale_out, weights_out,
         )
     pos = positions.reshape(-1)
+    if bounds.first_outside(pos, T, 0, cos_sin_cache.shape[0]) >= 0:
+        bounds.reject("fused_indexer_q_rope_quant", [positions, index_q, cos_sin_cache], "positions")
     qo = q_out.view(torch.uint8)
     if use_fp4:
         qs_args = (_ptr(q_scale_out), q_scale_out.stride(0), q_scale_out.stride(1))
@@ -444,6 +461,8 @@ def fused_inv_rope_fp8_quant(
     if T == 0 and not quantize:
         return None
     pos = positions.reshape(-1)
+    if bounds.first_outside(pos, T, 0, cos_sin_cache.shape[0]) >= 0:
+        bounds.reject("fused_inv_rope_fp8_quant", [o, positions, cos_sin_cache], "positions")
     Ta = scale_buf.shape[1] // K if quantize else 0
     _fn("dsv41_fused_inv_rope_fp8_quant")(
         _ptr(o), T, NH, Dh, o.stride(0), o.stride(1),

@@ -451,6 +451,9 @@ _GATHER_ARGS = (
     "i64",  # gather_lens.stride(0) in bytes
     "i32",  # block_size
     "i32",  # offset
+    "i32",  # block_table.shape[1] (logical width)
+    "i32",  # k_cache.shape[0] (pages)
+    "i32",  # out.shape[1] - offset (rows a request may fill)
     "i32",  # grid x (num_reqs)
     "i32",  # grid y (W)
 )
@@ -473,7 +476,7 @@ def _make_gather(width: int, align_in: int, align_out: int, has_gather: bool, in
     def gather_kernel(
         out: Int64, cache: Int64, seq_lens: Int64, gather_lens: Int64, block_table: Int64,
         out_s0: Int64, out_s1: Int64, page_bytes: Int64, bt_s0: Int64, sl_s: Int64, gl_s: Int64,
-        block_size: Int32, offset: Int32,
+        block_size: Int32, offset: Int32, bt_width: Int32, num_blocks: Int32, out_rows: Int32,
     ):
         tid, _, _ = cute.arch.thread_idx()
         r, cy, _ = cute.arch.block_idx()
@@ -481,11 +484,16 @@ def _make_gather(width: int, align_in: int, align_out: int, has_gather: bool, in
         lane = tid % 32
         warp = tid // 32
 
-        L = ld_s32(to_global(seq_lens) + Int64(r) * sl_s)
-        n = L
+        # Out-of-contract lengths and block ids never leave a tensor (docs/bad_input.md): rows
+        # past out.shape[1] are not written, and a row whose position is negative, whose
+        # logical block is past the table width or whose block id is outside the cache reads
+        # token 0 of page 0 instead and is written as zeros.  Lengths in int64 (no wrap).
+        L = Int64(ld_s32(to_global(seq_lens) + Int64(r) * sl_s))
+        n64 = L
         if cutlass.const_expr(has_gather):
-            n = ld_s32(to_global(gather_lens) + Int64(r) * gl_s)
-        start = L - n
+            n64 = Int64(ld_s32(to_global(gather_lens) + Int64(r) * gl_s))
+        start = L - n64
+        n = Int32(cutlass.min(n64, Int64(out_rows)))
         bsz = Uint32(block_size)
         bt_row = to_global(block_table) + Int64(r) * bt_s0
         base = to_global(cache)
@@ -506,14 +514,21 @@ def _make_gather(width: int, align_in: int, align_out: int, has_gather: bool, in
                 # 1) addresses of U tokens (the last chunk's overhang re-reads token n-1)
                 vaddr = []
                 saddr = []
+                oks = []
                 for u in cutlass.range_constexpr(U):
                     i = cutlass.min(i0 + u, n - 1)
-                    pos = Uint32(start + i)  # >= 0: unsigned division is exact and cheaper
+                    p64 = start + Int64(i)
+                    pos_ok = p64 >= Int64(0)
+                    pos = Uint32(cutlass.select_(pos_ok, p64, Int64(0)))  # unsigned: exact, cheaper
                     bi = pos // bsz
-                    t = pos - bi * bsz
-                    blk = ld_s32(bt_row + Int64(bi) * 4)
+                    bi_ok = pos_ok & (bi < Uint32(bt_width))
+                    blk = ld_s32(bt_row + Int64(cutlass.select_(bi_ok, bi, Uint32(0))) * 4)
+                    ok = bi_ok & (blk >= 0) & (blk < num_blocks)
+                    oks.append(ok)
+                    t = cutlass.select_(ok, pos - bi * bsz, Uint32(0))
                     voff, soff = token_addresses(
-                        width, Int64(block_size), page_bytes, Int64(blk), Int64(t), interleaved
+                        width, Int64(block_size), page_bytes, Int64(cutlass.select_(ok, blk, Int32(0))), Int64(t),
+                        interleaved,
                     )
                     vaddr.append(base + voff + value_off)
                     saddr.append(base + soff + scale_off)
@@ -540,6 +555,7 @@ def _make_gather(width: int, align_in: int, align_out: int, has_gather: bool, in
                         words.append(o1)
                     if cutlass.const_expr(has_tail):
                         words = [sel_u32(is_quant, words[k], raw[u][k]) for k in range(8)]
+                    words = [sel_u32(oks[u], words[k], Uint32(0)) for k in range(8)]
                     valid = i0 + u < n
                     st_words(out_row + Int64(i0 + u) * out_s1, words, align_out, pred=valid)
 
@@ -547,11 +563,12 @@ def _make_gather(width: int, align_in: int, align_out: int, has_gather: bool, in
     def gather_host(
         out: Int64, cache: Int64, seq_lens: Int64, gather_lens: Int64, block_table: Int64,
         out_s0: Int64, out_s1: Int64, page_bytes: Int64, bt_s0: Int64, sl_s: Int64, gl_s: Int64,
-        block_size: Int32, offset: Int32, grid_x: Int32, grid_y: Int32, stream: cuda.CUstream,
+        block_size: Int32, offset: Int32, bt_width: Int32, num_blocks: Int32, out_rows: Int32,
+        grid_x: Int32, grid_y: Int32, stream: cuda.CUstream,
     ):
         gather_kernel(
             out, cache, seq_lens, gather_lens, block_table, out_s0, out_s1, page_bytes,
-            bt_s0, sl_s, gl_s, block_size, offset,
+            bt_s0, sl_s, gl_s, block_size, offset, bt_width, num_blocks, out_rows,
         ).launch(grid=[grid_x, grid_y, 1], block=[THREADS, 1, 1], stream=stream)
 
     return gather_kernel, gather_host
@@ -563,7 +580,7 @@ _COMPILED: dict = {}
 def _example_args():
     from cutlass import Int32, Int64
 
-    return [Int64(0)] * 11 + [Int32(64), Int32(0), Int32(1), Int32(1)]
+    return [Int64(0)] * 11 + [Int32(64), Int32(0), Int32(1), Int32(1), Int32(1), Int32(1), Int32(1)]
 
 
 def compile_gather(
@@ -638,12 +655,15 @@ def dequantize_and_gather_k_cache(
     FNUZ caches and the 288 record go to the Triton kernel (``unsupported_reason``)."""
     width = k_cache.shape[-1]
     interleaved = bool(interleaved)
-    if use_fnuz or width not in RECORDS or (interleaved and width not in INTERLEAVED_RECORDS):
+    # An empty cache or table has no in-bounds token 0 of page 0 to read in place of a bad
+    # one: the Triton kernel (masked loads) takes those calls.
+    if (use_fnuz or width not in RECORDS or (interleaved and width not in INTERLEAVED_RECORDS)
+            or k_cache.shape[0] == 0 or block_table.shape[1] == 0):
         return triton_fallback("dequantize_and_gather_k_cache")(
             out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, use_fnuz, interleaved
         )
     num_reqs = seq_lens.shape[0]
-    if num_reqs == 0:
+    if num_reqs == 0 or out.shape[1] <= offset:
         return
     dev = out.device
     idx = device_index(dev)
@@ -663,7 +683,7 @@ def dequantize_and_gather_k_cache(
             out_ptr, cache_ptr, seq_lens.data_ptr(), gather_lens.data_ptr() if has_gather else 0,
             block_table.data_ptr(), s0, s1, page_bytes, 4 * block_table.stride(0),
             4 * seq_lens.stride(0), 4 * gather_lens.stride(0) if has_gather else 0,
-            block_size, offset, grid_x, grid_y,
+            block_size, offset, block_table.shape[1], k_cache.shape[0], out.shape[1] - offset, grid_x, grid_y,
         ),
         torch.cuda.current_stream(idx).cuda_stream,
         idx,

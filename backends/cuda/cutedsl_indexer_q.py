@@ -253,6 +253,7 @@ _Q_ARGS = (
     "i64", "i64",  # weights_out strides (bytes)
     "i32", "i32",  # T, H
     "f32", "f32",  # RN32(softmax_scale), RN32(head_scale)
+    "i32",  # cos_sin_cache.shape[0] (rows a position may name)
     "i32",  # grid x
 )
 
@@ -282,7 +283,7 @@ def _make_indexer_q(D: int, R: int, cs_bf16: bool, w_bf16: bool, pos_i64: bool, 
         q_out: Int64, scale_out: Int64, w_out: Int64,
         q_s0: Int64, q_s1: Int64, pos_s: Int64, cs_s0: Int64, w_s0: Int64, w_s1: Int64,
         qo_s0: Int64, qo_s1: Int64, so_s0: Int64, so_s1: Int64, wo_s0: Int64, wo_s1: Int64,
-        T: Int32, H: Int32, s_scale: Float32, h_scale: Float32,
+        T: Int32, H: Int32, s_scale: Float32, h_scale: Float32, cs_rows: Int32,
     ):
         tid, _, _ = cute.arch.thread_idx()
         bx, _, _ = cute.arch.block_idx()
@@ -306,6 +307,9 @@ def _make_indexer_q(D: int, R: int, cs_bf16: bool, w_bf16: bool, pos_i64: bool, 
                     "ld.global.nc.s32 {$w0}, [{$r0}];", write_only_types=[Int32],
                     read_only_args=[to_global(positions) + t64 * pos_s],
                 ))
+            # a position outside the table reads its nearest row, as in the Triton kernel
+            # (docs/bad_input.md)
+            p = cutlass.min(cutlass.max(p, Int64(0)), Int64(cs_rows) - Int64(1))
             row = to_global(cos_sin) + p * cs_s0
             cw = ld_words(row + Int64(k * 8 * cs_es), 8 * cs_es, align_cs)
             sw = ld_words(row + Int64((R // 2) * cs_es) + Int64(k * 8 * cs_es), 8 * cs_es, align_cs)
@@ -377,12 +381,13 @@ def _make_indexer_q(D: int, R: int, cs_bf16: bool, w_bf16: bool, pos_i64: bool, 
         q_out: Int64, scale_out: Int64, w_out: Int64,
         q_s0: Int64, q_s1: Int64, pos_s: Int64, cs_s0: Int64, w_s0: Int64, w_s1: Int64,
         qo_s0: Int64, qo_s1: Int64, so_s0: Int64, so_s1: Int64, wo_s0: Int64, wo_s1: Int64,
-        T: Int32, H: Int32, s_scale: Float32, h_scale: Float32, grid_x: Int32, stream: cuda.CUstream,
+        T: Int32, H: Int32, s_scale: Float32, h_scale: Float32, cs_rows: Int32, grid_x: Int32,
+        stream: cuda.CUstream,
     ):
         q_kernel(
             q, positions, cos_sin, weights, q_out, scale_out, w_out,
             q_s0, q_s1, pos_s, cs_s0, w_s0, w_s1, qo_s0, qo_s1, so_s0, so_s1, wo_s0, wo_s1,
-            T, H, s_scale, h_scale,
+            T, H, s_scale, h_scale, cs_rows,
         ).launch(grid=[grid_x, 1, 1], block=[THREADS, 1, 1], stream=stream)
 
     return q_kernel, q_host
@@ -394,7 +399,7 @@ _COMPILED: dict = {}
 def _example_args():
     from cutlass import Float32, Int32, Int64
 
-    return [Int64(0)] * 19 + [Int32(1), Int32(1), Float32(1.0), Float32(1.0), Int32(1)]
+    return [Int64(0)] * 19 + [Int32(1), Int32(1), Float32(1.0), Float32(1.0), Int32(1), Int32(1)]
 
 
 def compile_indexer_q(arch: str, D: int = 128, R: int = 64, cs_bf16: bool = False, w_bf16: bool = True,
@@ -512,7 +517,8 @@ def fused_indexer_q_rope_quant(
             qo_ptr, so_ptr, weights_out.data_ptr(),
             q_s0, q_s1, positions.element_size() * positions.stride(0), cs_s0,
             w_es * ws[0], w_es * ws[1], qo_s0, qo_s1, so_s0, so_s1, wo_es * wos[0], wo_es * wos[1],
-            T, H, _rn32(float(softmax_scale)), _rn32(float(head_scale)), -(-heads // hpc),
+            T, H, _rn32(float(softmax_scale)), _rn32(float(head_scale)), cos_sin_cache.shape[0],
+            -(-heads // hpc),
         ),
         torch.cuda.current_stream(idx).cuda_stream,
         idx,

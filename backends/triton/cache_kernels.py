@@ -437,18 +437,30 @@ def _exp2_rn(y):
 
 
 @triton.jit
-def _slot_page(slot_ptr, t, T, block_size, page_stride):
+def _slot_page(slot_ptr, t, T, block_size, page_stride, capacity):
     """(valid, page byte offset (int64), token in page (int32)) of the tokens ``t``.
 
-    Negative slots skip.  A slot of a cache that fits in memory is < 2^31, so the page /
-    offset split is done in int32; the byte offset of the page in int64 (spec §1.1).
+    Negative slots skip, and so does a slot past the cache (``capacity`` = pages * page
+    size): a bad slot never writes outside the cache (docs/bad_input.md).  A slot of a cache
+    that fits in memory is < 2^31, so the page / offset split is done in int32; the byte
+    offset of the page in int64 (spec §1.1).
     """
     tmask = t < T
-    slot = tl.load(slot_ptr + t, mask=tmask, other=-1)
-    valid = tmask & (slot >= 0)
+    slot = tl.load(slot_ptr + t, mask=tmask, other=-1).to(tl.int64)
+    # one unsigned compare: a negative slot is a huge unsigned value
+    valid = tmask & (slot.to(tl.uint64, bitcast=True) < capacity.to(tl.uint64))
     s = tl.where(valid, slot, 0).to(tl.int32)
     blk = s // block_size
     return valid, blk.to(tl.int64) * page_stride, s - blk * block_size
+
+
+@triton.jit
+def _position(pos_ptr, t, tmask, cs_rows):
+    """Positions (int64) of the tokens ``t``, clamped into the cos/sin table (``cs_rows >=
+    1``): a position outside it reads its nearest row, never past the table, as in every GPU
+    kernel that reads cos/sin (docs/bad_input.md)."""
+    pos = tl.load(pos_ptr + t, mask=tmask, other=0).to(tl.int64)
+    return tl.minimum(tl.maximum(pos, 0), cs_rows - 1)
 
 
 @triton.jit
@@ -850,7 +862,7 @@ def _nvfp4_tile_store(w, cache_ptr, vbase, valid, G0: tl.constexpr, NG: tl.const
 
 @triton.jit
 def _quant_insert_kernel(
-    k_ptr, k_stride, cache_ptr, page_stride, slot_ptr, T, block_size: tl.constexpr,
+    k_ptr, k_stride, cache_ptr, page_stride, slot_ptr, T, capacity, block_size: tl.constexpr,
     NG: tl.constexpr, G: tl.constexpr, NQ: tl.constexpr, VB: tl.constexpr, SB: tl.constexpr,
     HAS_TAIL: tl.constexpr, TAIL_I16: tl.constexpr, FNUZ: tl.constexpr, SOFT: tl.constexpr,
     EXACT_LOG2: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -860,7 +872,7 @@ def _quant_insert_kernel(
     FP8_MAX: tl.constexpr = 224.0 if FNUZ else 448.0
     W: tl.constexpr = NG * G
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    valid, page, tok = _slot_page(slot_ptr, t, T, block_size, page_stride)
+    valid, page, tok = _slot_page(slot_ptr, t, T, block_size, page_stride, capacity)
     vbase = _value_base(page, tok, VB, SB, INTERLEAVED)
     sbase = _scale_base(page, tok, block_size, VB, SB, INTERLEAVED)
     krow = t.to(tl.int64) * k_stride
@@ -908,7 +920,7 @@ def quantize_and_insert_k_cache(k, k_cache, slot_mapping, block_size, use_fnuz, 
     page_stride = k_cache.stride(0)
     pdl = launch.decode_pdl(k_cache.device, T)
     _quant_insert_kernel[(launch.cdiv(T, BT),)](
-        k, k.stride(0), k_cache, page_stride, slot_mapping, T, block_size,
+        k, k.stride(0), k_cache, page_stride, slot_mapping, T, k_cache.shape[0] * block_size, block_size,
         NG=16 if v41 else 8, G=32 if v41 else 64, NQ=16 if v41 else 7,
         VB=512 if v41 else 576, SB=16 if v41 else 8,
         HAS_TAIL=not v41, TAIL_I16=_align(k_cache, page_stride) >= 2,
@@ -925,7 +937,7 @@ def quantize_and_insert_k_cache(k, k_cache, slot_mapping, block_size, use_fnuz, 
 @triton.jit
 def _gather_kernel(
     out_ptr, out_s0, out_s1, cache_ptr, page_stride, seq_lens_ptr, gather_lens_ptr,
-    bt_ptr, bt_s0, block_size: tl.constexpr, offset,
+    bt_ptr, bt_s0, bt_width, num_blocks, block_size: tl.constexpr, offset, out_rows,
     REC: tl.constexpr, HAS_GL: tl.constexpr, TAIL_I16: tl.constexpr, FNUZ: tl.constexpr,
     SOFT: tl.constexpr, BLOCK_T: tl.constexpr,
     PDL: tl.constexpr = False, INTERLEAVED: tl.constexpr = False,
@@ -934,31 +946,41 @@ def _gather_kernel(
     r = tl.program_id(0)
     w = tl.program_id(1)
     nw = tl.num_programs(1)
-    L = tl.load(seq_lens_ptr + r).to(tl.int32)
+    # Rows [offset, offset + n) of request r get positions L - n ... L - 1.  Out-of-contract
+    # values never leave a tensor (docs/bad_input.md): rows past out.shape[1] are not
+    # written, and a row whose position is negative, whose logical block is past the table
+    # width or whose block id is outside the cache is written as zeros (its loads are masked
+    # off and decode to +0).  Lengths in int64, so no value wraps around.
+    L = tl.load(seq_lens_ptr + r).to(tl.int64)
     if HAS_GL:
-        n = tl.load(gather_lens_ptr + r).to(tl.int32)
+        n = tl.load(gather_lens_ptr + r).to(tl.int64)
     else:
         n = L
     start = L - n
+    n_out = tl.minimum(n, out_rows).to(tl.int32)
     r64 = r.to(tl.int64)
     o16 = out_ptr.to(tl.pointer_type(tl.int16))
-    for i0 in range(w * BLOCK_T, n, nw * BLOCK_T):
+    for i0 in range(w * BLOCK_T, n_out, nw * BLOCK_T):
         i = i0 + tl.arange(0, BLOCK_T)
-        m = i < n
+        m = i < n_out
         p = start + i
-        j = p // block_size
-        blk = tl.load(bt_ptr + r64 * bt_s0 + j, mask=m, other=0).to(tl.int64)
-        tok = p - j * block_size
-        page = blk * page_stride
+        pm = m & (p >= 0)
+        pc = tl.where(pm, p, 0).to(tl.int32)  # p < L, and in range: < 2^31
+        j = pc // block_size
+        jm = pm & (j < bt_width)
+        blk = tl.load(bt_ptr + r64 * bt_s0 + j, mask=jm, other=-1).to(tl.int64)
+        ok = jm & (blk >= 0) & (blk < num_blocks)
+        tok = pc - j * block_size
+        page = tl.where(ok, blk, 0) * page_stride
         orow = r64 * out_s0 + (offset + i).to(tl.int64) * out_s1
         if REC == 288:
             # NVFP4: 256 packed bytes, 32 e4m3 scales (always OCP)
             kb = tl.arange(0, 256)
             pb = tl.load(cache_ptr + _value_base(page, tok, 256, 32, INTERLEAVED)[:, None] + kb[None, :],
-                         mask=m[:, None], other=0).to(tl.int32)
+                         mask=ok[:, None], other=0).to(tl.int32)
             g = tl.arange(0, 32)
             sc = tl.load(cache_ptr + _scale_base(page, tok, block_size, 256, 32, INTERLEAVED)[:, None]
-                         + g[None, :], mask=m[:, None], other=0)
+                         + g[None, :], mask=ok[:, None], other=0)
             S16 = (_e4m3_decode(sc, False, SOFT) * 16384.0)[:, :, None]  # exact: S * 2^14
             pb3 = tl.reshape(pb, (BLOCK_T, 32, 8))
             lo = _e2m1_half(pb3) * S16
@@ -982,10 +1004,11 @@ def _gather_kernel(
             d = tl.arange(0, NG * G)
             dmask = m[:, None] & (d < NQ * G)[None, :]
             vbase = _value_base(page, tok, VB, SB, INTERLEAVED)
-            qb = tl.load(cache_ptr + vbase[:, None] + d[None, :], mask=dmask, other=0)
+            qb = tl.load(cache_ptr + vbase[:, None] + d[None, :], mask=ok[:, None] & (d < NQ * G)[None, :],
+                         other=0)
             g = tl.arange(0, NG)
             code = tl.load(cache_ptr + _scale_base(page, tok, block_size, VB, SB, INTERLEAVED)[:, None]
-                           + g[None, :], mask=m[:, None] & (g < NQ)[None, :], other=0).to(tl.int32)
+                           + g[None, :], mask=ok[:, None] & (g < NQ)[None, :], other=0).to(tl.int32)
             S = (code << 23).to(tl.float32, bitcast=True)  # 2^(code-127); 0 -> 0, 255 -> inf
             if REC == 584:
                 # the bf16 tail, loaded before any store (a load after a store could not be
@@ -994,11 +1017,11 @@ def _gather_kernel(
                 src = vbase + NQ * G
                 if TAIL_I16:
                     c16 = (cache_ptr + src).to(tl.pointer_type(tl.int16))
-                    tail = tl.load(c16[:, None] + jt[None, :], mask=m[:, None])
+                    tail = tl.load(c16[:, None] + jt[None, :], mask=ok[:, None], other=0)
                 else:
-                    lo = tl.load(cache_ptr + src[:, None] + 2 * jt[None, :], mask=m[:, None],
+                    lo = tl.load(cache_ptr + src[:, None] + 2 * jt[None, :], mask=ok[:, None],
                                  other=0).to(tl.int32)
-                    hi = tl.load(cache_ptr + src[:, None] + 2 * jt[None, :] + 1, mask=m[:, None],
+                    hi = tl.load(cache_ptr + src[:, None] + 2 * jt[None, :] + 1, mask=ok[:, None],
                                  other=0).to(tl.int32)
                     tail = (lo | (hi << 8)).to(tl.int16)
             v3 = tl.reshape(_e4m3_decode(qb, FNUZ, SOFT), (BLOCK_T, NG, G)) * S[:, :, None]
@@ -1022,7 +1045,7 @@ def dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_tab
     _gather_kernel[(R, workers)](
         out, out.stride(0), out.stride(1), k_cache, page_stride, seq_lens,
         gather_lens if gather_lens is not None else seq_lens,
-        block_table, block_table.stride(0), block_size, offset,
+        block_table, block_table.stride(0), block_table.shape[1], k_cache.shape[0], block_size, offset, rows,
         REC=int(rec), HAS_GL=gather_lens is not None, TAIL_I16=_align(k_cache, page_stride) >= 2,
         FNUZ=bool(use_fnuz), SOFT=_soft(k_cache), BLOCK_T=BT, PDL=pdl,
         INTERLEAVED=bool(interleaved), num_warps=NW, **launch.pdl_kwargs(pdl),
@@ -1038,8 +1061,8 @@ _MODE_584, _MODE_528, _MODE_288, _MODE_BF16, _MODE_FP8 = 0, 1, 2, 3, 4
 
 @triton.jit
 def _rope_quant_insert_kernel(
-    lat_ptr, lat_s0, pos_ptr, cs_ptr, cs_s0, cache_ptr, page_stride, row_stride, slot_ptr,
-    scale_ptr, T, block_size: tl.constexpr,
+    lat_ptr, lat_s0, pos_ptr, cs_ptr, cs_s0, cs_rows, cache_ptr, page_stride, row_stride, slot_ptr,
+    scale_ptr, T, capacity, block_size: tl.constexpr,
     CR: tl.constexpr, MODE: tl.constexpr, SANITIZE: tl.constexpr, WORDS: tl.constexpr,
     ALIGN: tl.constexpr, SOFT: tl.constexpr, PTX: tl.constexpr, EXACT_LOG2: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -1054,8 +1077,8 @@ def _rope_quant_insert_kernel(
     # interleaved back.  Offsets: lat_s0 in words (WORDS) or elements; cache in bytes.
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < T
-    valid, page, tok = _slot_page(slot_ptr, t, T, block_size, page_stride)
-    pos = tl.load(pos_ptr + t, mask=tmask, other=0).to(tl.int64)
+    valid, page, tok = _slot_page(slot_ptr, t, T, block_size, page_stride, capacity)
+    pos = _position(pos_ptr, t, tmask, cs_rows)
     if CR > 1:
         valid = valid & ((pos + 1) % CR == 0)
         rmask = valid  # tokens that do not close a group are not read
@@ -1214,9 +1237,9 @@ def rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, 
     BT, NW = _shape("rope", {_MODE_584: 584, _MODE_528: 528, _MODE_288: 288, _MODE_BF16: "bf16",
                              _MODE_FP8: "fp8"}[mode], T)
     _rope_quant_insert_kernel[(launch.cdiv(T, BT),)](
-        lat, lat.stride(0), positions, cos_sin_cache, cos_sin_cache.stride(0), cache,
-        page_stride, row_stride, slot_mapping,
-        fp8_scale if fp8_scale is not None else slot_mapping, T, B,
+        lat, lat.stride(0), positions, cos_sin_cache, cos_sin_cache.stride(0), cos_sin_cache.shape[0],
+        cache, page_stride, row_stride, slot_mapping,
+        fp8_scale if fp8_scale is not None else slot_mapping, T, kv_cache.shape[0] * B, B,
         CR=int(compress_ratio), MODE=mode, SANITIZE=bool(sanitize_nans), WORDS=words,
         ALIGN=_align(cache, page_stride, row_stride), SOFT=_soft(kv_cache), PTX=_ptx(kv_cache),
         EXACT_LOG2=_exact_log2(), BLOCK_T=BT, PDL=pdl, ROPE_WORDS=bool(CONFIG["rope288_words"]),
@@ -1266,8 +1289,8 @@ def _indexer_store_fp8(cache_ptr, page, o1, d0, q, valid, TILED: tl.constexpr,
 
 @triton.jit
 def _indexer_k_kernel(
-    k_ptr, k_s0, pos_ptr, cs_ptr, cs_s0, w_ptr, eps, cache_ptr, page_stride, slot_ptr, T,
-    block_size: tl.constexpr,
+    k_ptr, k_s0, pos_ptr, cs_ptr, cs_s0, cs_rows, w_ptr, eps, cache_ptr, page_stride, slot_ptr, T,
+    capacity, block_size: tl.constexpr,
     CR: tl.constexpr, FP4: tl.constexpr, TILED: tl.constexpr, NPT: tl.constexpr,
     SOFT: tl.constexpr, EXACT_LOG2: tl.constexpr, BLOCK_T: tl.constexpr,
     PDL: tl.constexpr = False,
@@ -1275,8 +1298,8 @@ def _indexer_k_kernel(
     launch.pdl_prologue(PDL)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < T
-    valid, page, o = _slot_page(slot_ptr, t, T, block_size, page_stride)
-    pos = tl.load(pos_ptr + t, mask=tmask, other=0).to(tl.int64)
+    valid, page, o = _slot_page(slot_ptr, t, T, block_size, page_stride, capacity)
+    pos = _position(pos_ptr, t, tmask, cs_rows)
     if CR > 1:
         valid = valid & ((pos + 1) % CR == 0)
         rmask = valid  # tokens that do not close a group are not read
@@ -1358,9 +1381,9 @@ def indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, rms_norm_weight, 
     BT, NW = _shape("indexer", "mxfp4" if fp4 else "fp8", T)
     pdl = launch.decode_pdl(k_cache.device, T)
     _indexer_k_kernel[(launch.cdiv(T, BT),)](
-        k_pre, k_pre.stride(0), positions, cos_sin_cache, cos_sin_cache.stride(0),
+        k_pre, k_pre.stride(0), positions, cos_sin_cache, cos_sin_cache.stride(0), cos_sin_cache.shape[0],
         rms_norm_weight, float(rms_norm_eps), k_cache, k_cache.stride(0), kv_slot_mapping, T,
-        k_cache.shape[1],
+        k_cache.shape[0] * k_cache.shape[1], k_cache.shape[1],
         CR=int(compress_ratio), FP4=fp4, TILED=bool(tiled),
         NPT=int(mxfp4_n_per_tile) if (fp4 and tiled) else 16,
         SOFT=_soft(k_cache), EXACT_LOG2=_exact_log2(), BLOCK_T=BT, PDL=pdl,
@@ -1390,7 +1413,7 @@ def _rmsnorm_store(x, w_ptr, eps, out_ptr, out_s0, t, valid, SOFT: tl.constexpr)
 @triton.jit
 def _compress_norm_kernel(
     kv_ptr, kv_s0, pos_ptr, st_ptr, st_s0, st_s1, cap, slot_ptr, qsl_ptr, t2r_ptr, w_ptr, eps,
-    out_ptr, out_s0, T, prev_ptr, prev_s0, pidx_ptr,
+    out_ptr, out_s0, T, prev_ptr, prev_s0, pidx_ptr, ring_slots, R, prev_n,
     CR: tl.constexpr, SOFT: tl.constexpr, BLOCK_T: tl.constexpr, SPEC: tl.constexpr = False,
     PTX: tl.constexpr = False, PDL: tl.constexpr = False, HAS_PREV: tl.constexpr = False,
 ):
@@ -1408,19 +1431,22 @@ def _compress_norm_kernel(
                     other=0.0)
         _rmsnorm_store(x, w_ptr, eps, out_ptr, out_s0, t, valid, SOFT)
     else:
-        # first round trip: slot, position and request together
+        # first round trip: slot, position and request together.  A ring slot past the
+        # state cache, a request index outside [0, R) or a position outside [0, 2^31)
+        # skips the token like a negative slot (docs/bad_input.md); unsigned compares, and
+        # positions stay int32 (the ring row is an int32 remainder).
         pos = tl.load(pos_ptr + t, mask=tmask, other=0)
         req = tl.load(t2r_ptr + t, mask=tmask, other=0)
-        valid = tmask & (slot >= 0) & (pos % 2 == 1)
+        valid = tmask & _pair_closer(slot, pos, req, ring_slots, R)
         if SPEC:
             # Decode sizes (latency): the input rows load with the slot (rows of tokens that
             # turn out not to close a pair are read and dropped, a few KB at these sizes) and
             # the ring row with the chunk start, for every closing token: two dependent round
-            # trips.  The ring row of every token with a slot is inside the state cache by
-            # the op's contract (ring slots < rows * capacity, docs/bad_input.md).
+            # trips.  The ring row of every valid token is inside the state cache (slots
+            # past it are not valid, above).
             _pool_pair_store(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, qsl_ptr, w_ptr, eps,
                              out_ptr, out_s0, t, tmask, slot, pos, req, valid, prev_ptr, prev_s0,
-                             pidx_ptr, True, SOFT, PTX, HAS_PREV)
+                             pidx_ptr, prev_n, True, SOFT, PTX, HAS_PREV)
         else:
             # Program k takes tokens 2k and 2k + 1 (BLOCK_T = 1): of two consecutive tokens of
             # a request exactly one closes a pair, so a prefill has no program without work
@@ -1432,20 +1458,30 @@ def _compress_norm_kernel(
             slot1 = tl.load(slot_ptr + t1, mask=m1, other=-1)
             pos1 = tl.load(pos_ptr + t1, mask=m1, other=0)
             req1 = tl.load(t2r_ptr + t1, mask=m1, other=0)
-            valid1 = m1 & (slot1 >= 0) & (pos1 % 2 == 1)
+            valid1 = m1 & _pair_closer(slot1, pos1, req1, ring_slots, R)
             if tl.max(valid.to(tl.int32), axis=0) > 0:
                 _pool_pair_store(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, qsl_ptr, w_ptr, eps,
                                  out_ptr, out_s0, t, valid, slot, pos, req, valid, prev_ptr,
-                                 prev_s0, pidx_ptr, False, SOFT, PTX, HAS_PREV)
+                                 prev_s0, pidx_ptr, prev_n, False, SOFT, PTX, HAS_PREV)
             if tl.max(valid1.to(tl.int32), axis=0) > 0:
                 _pool_pair_store(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, qsl_ptr, w_ptr, eps,
                                  out_ptr, out_s0, t1, valid1, slot1, pos1, req1, valid1, prev_ptr,
-                                 prev_s0, pidx_ptr, False, SOFT, PTX, HAS_PREV)
+                                 prev_s0, pidx_ptr, prev_n, False, SOFT, PTX, HAS_PREV)
+
+
+@triton.jit
+def _pair_closer(slot, pos, req, ring_slots, R):
+    """CR 2: the tokens that close a pair and whose ring slot, position and request index
+    are inside their tensors (0 <= slot < ring_slots, 0 <= pos < 2^31 and odd, 0 <= req < R)."""
+    s_ok = slot.to(tl.int64).to(tl.uint64, bitcast=True) < ring_slots.to(tl.uint64)
+    p_ok = pos.to(tl.int64).to(tl.uint64, bitcast=True) < 2147483648
+    r_ok = req.to(tl.int64).to(tl.uint64, bitcast=True) < R.to(tl.uint64)
+    return s_ok & p_ok & r_ok & ((pos & 1) == 1)
 
 
 @triton.jit
 def _pool_pair_store(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, qsl_ptr, w_ptr, eps, out_ptr,
-                     out_s0, t, rows_m, slot, pos, req, valid, prev_ptr, prev_s0, pidx_ptr,
+                     out_s0, t, rows_m, slot, pos, req, valid, prev_ptr, prev_s0, pidx_ptr, prev_n,
                      RING_EARLY: tl.constexpr, SOFT: tl.constexpr, PTX: tl.constexpr,
                      HAS_PREV: tl.constexpr):
     """CR 2, the closing tokens ``valid``: pool the older row (the previous input row, or
@@ -1453,8 +1489,8 @@ def _pool_pair_store(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, qsl_ptr, w_ptr, e
     own row, RMSNorm, store.  Input rows load under ``rows_m``; the ring row under ``valid``
     (``RING_EARLY``: no wait for the chunk start) or only where the token starts its chunk.
     HAS_PREV: a chunk's first token takes its older row from ``prev_ptr`` row
-    ``pidx_ptr[req]`` where that index is >= 0 (rows another rank holds), the ring row
-    elsewhere; both load under the same mask as the ring row alone."""
+    ``pidx_ptr[req]`` where that index is in ``[0, prev_n)`` (rows another rank holds), the
+    ring row elsewhere; both load under the same mask as the ring row alone."""
     d = tl.arange(0, 512)
     t64 = t.to(tl.int64)
     q0 = tl.load(qsl_ptr + req, mask=valid, other=0)
@@ -1466,7 +1502,7 @@ def _pool_pair_store(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, qsl_ptr, w_ptr, e
     kvp = tl.load(kv_ptr + prev, mask=has_prev, other=0.0)
     sp = tl.load(kv_ptr + prev + 512, mask=has_prev, other=0.0)
     # older row of a chunk's first token: ring row (slot // cap, (pos - 1) % cap); ring
-    # slots < 2^31 (int32 split)
+    # slots and closing positions < 2^31 (int32 arithmetic)
     s32 = tl.where(valid, slot, 0).to(tl.int32)
     ring = ((s32 // cap).to(tl.int64) * st_s0
             + ((pos.to(tl.int32) - 1) % cap).to(tl.int64) * st_s1)[:, None] + d[None, :]
@@ -1476,10 +1512,10 @@ def _pool_pair_store(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, qsl_ptr, w_ptr, e
         ring_m = valid & (t == q0)
     if HAS_PREV:
         pidx = tl.load(pidx_ptr + req, mask=ring_m, other=-1)
-        use_prev = pidx >= 0
+        use_prev = (pidx >= 0) & (pidx < prev_n)  # past prev_rows: the ring, like -1
         prow = (tl.maximum(pidx, 0).to(tl.int64) * prev_s0)[:, None] + d[None, :]
         pm = (ring_m & use_prev)[:, None]
-        rm = (ring_m & (pidx < 0))[:, None]
+        rm = (ring_m & ~use_prev)[:, None]
         kvr = tl.load(st_ptr + ring, mask=rm, other=0.0)
         sr = tl.load(st_ptr + ring + 512, mask=rm, other=0.0)
         kvq = tl.load(prev_ptr + prow, mask=pm, other=0.0)
@@ -1542,7 +1578,7 @@ def _rcp_approx(x):
 
 
 @triton.jit
-def _ring_save_kernel(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, slot_ptr, qsl_ptr, T,
+def _ring_save_kernel(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, slot_ptr, qsl_ptr, T, ring_slots,
                       PDL: tl.constexpr = False, EARLY: tl.constexpr = True):
     """Program (r, k): row u = e - 1 - k of request chunk [s, e) goes to the ring when it is
     one of the chunk's last min(e - s, cap) rows, inside the batch (u < T), its slot is >= 0
@@ -1564,7 +1600,7 @@ def _ring_save_kernel(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, slot_ptr, qsl_pt
     first = tl.load(slot_ptr + tl.minimum(tl.maximum(s, 0), T - 1) + c * 0)  # one address
     sl = tl.load(slot_ptr + uc).to(tl.int64)
     row = tl.load(kv_ptr + uc.to(tl.int64) * kv_s0 + c, mask=take)
-    ok = take & (first >= 0) & (sl >= 0)
+    ok = take & (first >= 0) & (sl >= 0) & (sl < ring_slots)  # a slot past the ring: skipped
     if EARLY:
         launch.pdl_prologue(PDL)
     tl.store(st_ptr + (sl // cap) * st_s0 + (sl % cap) * st_s1 + c, row, mask=ok)
@@ -1584,7 +1620,7 @@ def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, que
         _compress_norm_kernel[(launch.cdiv(T, BT),)](
             kv_score, kv_score.stride(0), slot_mapping, kv_score, 0, 0, 1, slot_mapping,
             slot_mapping, slot_mapping, rms_norm_weight, eps, latent_out, latent_out.stride(0), T,
-            kv_score, 0, slot_mapping,
+            kv_score, 0, slot_mapping, 0, 0, 0,
             CR=1, SOFT=soft, BLOCK_T=BT, PDL=pdl, num_warps=NW, **launch.pdl_kwargs(pdl),
         )
         return
@@ -1608,7 +1644,8 @@ def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, que
         state_cache.stride(1), cap, slot_mapping, query_start_loc, token_to_req_indices,
         rms_norm_weight, eps, latent_out, latent_out.stride(0), T,
         prev_rows if has_prev else kv_score, prev_rows.stride(0) if has_prev else 0,
-        prev_row_indices if has_prev else slot_mapping,
+        prev_row_indices if has_prev else slot_mapping, state_cache.shape[0] * cap, R,
+        prev_rows.shape[0] if has_prev else 0,
         CR=2, SOFT=soft, BLOCK_T=BT, SPEC=spec, PTX=_ptx(latent_out), PDL=pdl or ring_pdl,
         HAS_PREV=has_prev, num_warps=NW, **launch.pdl_kwargs(pdl), **_maxnreg(latent_out, None if spec else CONFIG["norm2_maxnreg"]),
     )
@@ -1617,7 +1654,8 @@ def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, que
         # last rows
         _ring_save_kernel[(R, cap)](
             kv_score, kv_score.stride(0), state_cache, state_cache.stride(0),
-            state_cache.stride(1), cap, slot_mapping, query_start_loc, T, PDL=ring_pdl,
+            state_cache.stride(1), cap, slot_mapping, query_start_loc, T, state_cache.shape[0] * cap,
+            PDL=ring_pdl,
             EARLY=early, num_warps=CONFIG["num_warps"]["ring"], **launch.pdl_kwargs(ring_pdl),
         )
 
@@ -1629,16 +1667,17 @@ def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, que
 
 
 @triton.jit
-def _save_ring_rows_kernel(rows_ptr, rows_s0, slot_ptr, st_ptr, st_s0, st_s1, cap,
+def _save_ring_rows_kernel(rows_ptr, rows_s0, slot_ptr, st_ptr, st_s0, st_s1, cap, ring_slots,
                            PDL: tl.constexpr = False):
-    """Program i: row i to ring row (slot // cap, slot % cap) when its slot is >= 0."""
+    """Program i: row i to ring row (slot // cap, slot % cap) when its slot is in
+    ``[0, ring_slots)`` (a slot past the ring is skipped like a negative one)."""
     launch.pdl_prologue(PDL)
     i = tl.program_id(0)
     c = tl.arange(0, 1024)
     sl = tl.load(slot_ptr + i + c * 0)  # one address
-    ok = sl >= 0
+    ok = (sl >= 0) & (sl < ring_slots)
     row = tl.load(rows_ptr + i.to(tl.int64) * rows_s0 + c, mask=ok)
-    # ring slots < 2^31 (validated by the public function): int32 split
+    # ring slots < 2^31: int32 split
     s32 = tl.where(ok, sl, 0).to(tl.int32)
     blk = s32 // cap
     tl.store(st_ptr + blk.to(tl.int64) * st_s0 + (s32 - blk * cap).to(tl.int64) * st_s1 + c, row,
@@ -1652,7 +1691,7 @@ def save_ring_rows(rows, slot_mapping, state_cache):
     pdl = launch.decode_pdl(state_cache.device, N)
     _save_ring_rows_kernel[(N,)](
         rows, rows.stride(0), slot_mapping, state_cache, state_cache.stride(0),
-        state_cache.stride(1), state_cache.shape[1], PDL=pdl,
+        state_cache.stride(1), state_cache.shape[1], state_cache.shape[0] * state_cache.shape[1], PDL=pdl,
         num_warps=CONFIG["num_warps"]["ring"], **launch.pdl_kwargs(pdl),
     )
 
@@ -1687,7 +1726,7 @@ def _register_aot() -> None:
     nw = CONFIG["num_warps"]
 
     ins_t = {"k_ptr": "*bf16", "k_stride": "i32", "cache_ptr": "*u8", "page_stride": "i32",
-             "slot_ptr": "*i64", "T": "i32"}
+             "slot_ptr": "*i64", "T": "i32", "capacity": "i32"}
     # the interleaved layout (vLLM 0.33) of the 528 / 288 records: a ",il" build beside each
     # paged one
     for rec, il in ((584, False), (528, False), (528, True)):
@@ -1703,7 +1742,8 @@ def _register_aot() -> None:
 
     gat_t = {"out_ptr": "*bf16", "out_s0": "i32", "out_s1": "i32", "cache_ptr": "*u8",
              "page_stride": "i32", "seq_lens_ptr": "*i32", "gather_lens_ptr": "*i32",
-             "bt_ptr": "*i32", "bt_s0": "i32", "offset": "i32"}
+             "bt_ptr": "*i32", "bt_s0": "i32", "bt_width": "i32", "num_blocks": "i32", "offset": "i32",
+             "out_rows": "i32"}
     for rec, flavours, il in ((584, (False, True), False), (528, (False, True), False),
                               (288, (False,), False), (528, (False, True), True), (288, (False,), True)):
         for fnuz in flavours:
@@ -1714,8 +1754,8 @@ def _register_aot() -> None:
                     ("out_ptr", "out_s0", "out_s1", "cache_ptr", "page_stride"))
 
     rope_t = {"lat_ptr": "*i32", "lat_s0": "i32", "pos_ptr": "*i64", "cs_ptr": "*fp32",
-              "cs_s0": "i32", "cache_ptr": "*u8", "page_stride": "i32", "row_stride": "i32",
-              "slot_ptr": "*i64", "scale_ptr": "*fp32", "T": "i32"}
+              "cs_s0": "i32", "cs_rows": "i32", "cache_ptr": "*u8", "page_stride": "i32", "row_stride": "i32",
+              "slot_ptr": "*i64", "scale_ptr": "*fp32", "T": "i32", "capacity": "i32"}
     for mode, name, var, il in ((_MODE_584, "584", 584, False), (_MODE_528, "528", 528, False),
                                 (_MODE_288, "288", 288, False), (_MODE_BF16, "bf16rows", "bf16", False),
                                 (_MODE_FP8, "fp8rows", "fp8", False), (_MODE_528, "528,il", 528, True),
@@ -1735,8 +1775,8 @@ def _register_aot() -> None:
                                                  "row_stride"))
 
     idx_t = {"k_ptr": "*bf16", "k_s0": "i32", "pos_ptr": "*i64", "cs_ptr": "*fp32",
-             "cs_s0": "i32", "w_ptr": "*bf16", "eps": "fp32", "cache_ptr": "*u8",
-             "page_stride": "i32", "slot_ptr": "*i64", "T": "i32"}
+             "cs_s0": "i32", "cs_rows": "i32", "w_ptr": "*bf16", "eps": "fp32", "cache_ptr": "*u8",
+             "page_stride": "i32", "slot_ptr": "*i64", "T": "i32", "capacity": "i32"}
     layouts = [(_CUDA, False, "native", False, False, 16), (_CUDA, False, "native", True, False, 16)]
     layouts += [(_HIP, True, "soft", fp4, tiled, npt)
                 for fp4, tiled, npt in ((False, False, 16), (True, False, 16), (False, True, 16),
@@ -1751,11 +1791,12 @@ def _register_aot() -> None:
               "st_s0": "i32", "st_s1": "i32", "cap": "i32", "slot_ptr": "*i64",
               "qsl_ptr": "*i32", "t2r_ptr": "*i32", "w_ptr": "*bf16", "eps": "fp32",
               "out_ptr": "*bf16", "out_s0": "i32", "T": "i32", "prev_ptr": "*fp32", "prev_s0": "i32",
-              "pidx_ptr": "*i32"}
+              "pidx_ptr": "*i32", "ring_slots": "i32", "R": "i32", "prev_n": "i32"}
     ring_t = {"kv_ptr": "*fp32", "kv_s0": "i32", "st_ptr": "*fp32", "st_s0": "i32",
-              "st_s1": "i32", "cap": "i32", "slot_ptr": "*i64", "qsl_ptr": "*i32", "T": "i32"}
+              "st_s1": "i32", "cap": "i32", "slot_ptr": "*i64", "qsl_ptr": "*i32", "T": "i32",
+              "ring_slots": "i32"}
     rows_t = {"rows_ptr": "*fp32", "rows_s0": "i32", "slot_ptr": "*i64", "st_ptr": "*fp32",
-              "st_s0": "i32", "st_s1": "i32", "cap": "i32"}
+              "st_s0": "i32", "st_s1": "i32", "cap": "i32", "ring_slots": "i32"}
     norm_div = ("kv_ptr", "kv_s0", "out_ptr", "out_s0", "st_ptr", "st_s0", "st_s1")
     for targets, soft, flav in vendors:
         for cr in (1, 2):

@@ -15,8 +15,9 @@ Conventions (all three kernels):
 * index arithmetic is int32, like the reference and upstream (values wrap identically);
   only memory offsets are widened to int64;
 * a block-table read outside the table's logical shape, or for a negative request, yields
-  the "no slot" sentinel −1 (the reference's rule; such reads are outside the contract and
-  would read unrelated memory upstream);
+  the "no slot" sentinel −1 (the reference's rule; §5 defines it so and does not count the
+  entry, the other ops' contracts exclude such reads, which would read unrelated memory
+  upstream);
 * ``//`` and ``%`` are Triton's C-style truncating ops, the reference's ``_div_trunc``;
   every other division has a non-negative left operand (spec §0.2);
 * nothing outside the output tensors' logical extent is written.
@@ -29,7 +30,7 @@ import triton
 import triton.language as tl
 
 from . import launch
-from .reductions import _rsum
+from .reductions import _rcumsum, _rsum
 
 __all__ = [
     "compute_global_topk_indices_and_lens",
@@ -85,6 +86,14 @@ def _table_strides(t: torch.Tensor) -> tuple[int, int, int, int]:
 
 
 @triton.jit
+def _table_hit(n_rows, n_cols, req, pos, read, B):
+    """Where ``read`` and ``table[req, pos // B]`` is inside the table's logical shape (a
+    negative position, e.g. from int32 arithmetic on out-of-contract lengths, is outside)."""
+    blk = tl.where(read, pos, 0) // B
+    return read & (pos >= 0) & (req >= 0) & (req < n_rows) & (blk < n_cols)
+
+
+@triton.jit
 def _table_slot(table_ptr, n_rows, n_cols, s_row, s_col, req, pos, read, B):
     """``table[req, pos // B] * B + pos % B`` where ``read`` and inside the table, else −1.
 
@@ -92,7 +101,7 @@ def _table_slot(table_ptr, n_rows, n_cols, s_row, s_col, req, pos, read, B):
     """
     p = tl.where(read, pos, 0)
     blk = p // B
-    ok = read & (req >= 0) & (req < n_rows) & (blk < n_cols)
+    ok = _table_hit(n_rows, n_cols, req, pos, read, B)
     off = req.to(tl.int64) * s_row + blk.to(tl.int64) * s_col
     block_id = tl.load(table_ptr + off, mask=ok, other=0)
     return tl.where(ok, block_id * B + (p - blk * B), -1)
@@ -118,7 +127,7 @@ def _global_topk_kernel(
     out_ptr, s_out0, s_out1,
     lens_ptr, s_lens,
     N, K, B: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False, COMPACT: tl.constexpr = False,
 ):
     launch.pdl_prologue(PDL)
     # B (the page size) is a constexpr: pos // B and pos % B by a constant (a shift and a
@@ -137,19 +146,37 @@ def _global_topk_kernel(
         m = rmask[:, None] & (cols < K)[None, :]
         cols64 = cols.to(tl.int64)[None, :]
         x = tl.load(topk_ptr + rows64[:, None] * s_tk0 + cols64 * s_tk1, mask=m, other=-1)
-        present = x >= 0
+        # valid: x >= 0 and the table entry exists (request row, logical block < width)
+        ok = _table_hit(n_tab_rows, n_tab_cols, req[:, None], x, x >= 0, B)
         out = _table_slot(table_ptr, n_tab_rows, n_tab_cols, s_tab0, s_tab1,
-                          req[:, None], x, present, B)
-        tl.store(out_ptr + rows64[:, None] * s_out0 + cols64 * s_out1, out, mask=m)
-        count += _rsum(present.to(tl.int32), axis=1)
+                          req[:, None], x, ok, B)
+        hits = ok.to(tl.int32)
+        if COMPACT:
+            # a valid entry's column in the output: the row's valid entries in earlier steps
+            # plus those before it in this one (an exclusive prefix sum), so order is kept
+            dst = count[:, None] + _rcumsum(hits, axis=1) - hits
+            tl.store(out_ptr + rows64[:, None] * s_out0 + dst.to(tl.int64) * s_out1, out, mask=m & ok)
+        else:
+            tl.store(out_ptr + rows64[:, None] * s_out0 + cols64 * s_out1, out, mask=m)
+        count += _rsum(hits, axis=1)
+    if COMPACT:
+        # −1 after the valid entries: only now is the row's count known, and this pass
+        # writes exactly the columns the first one left, so no column is written twice
+        for k0 in range(0, K, BLOCK_C):
+            cols = k0 + tl.arange(0, BLOCK_C)
+            m = rmask[:, None] & (cols < K)[None, :] & (cols[None, :] >= count[:, None])
+            tl.store(out_ptr + rows64[:, None] * s_out0 + cols.to(tl.int64)[None, :] * s_out1,
+                     tl.full([BLOCK_R, BLOCK_C], -1, tl.int32), mask=m)
     tl.store(lens_ptr + rows64 * s_lens, tl.where(valid != 0, count, 0), mask=rmask)
 
 
 def compute_global_topk_indices_and_lens(
     topk_indices, token_to_req_indices, block_table, block_size, is_valid_token,
-    global_topk_indices, topk_lens,
+    global_topk_indices, topk_lens, compact=False,
 ):
-    """§5 (reference version, not compacted): local top-k indices -> global slots."""
+    """§5, bounds-checked: local top-k indices -> global slots.  An entry whose request index
+    is not a table row or whose logical block is past the table width is −1 and not counted;
+    ``compact`` moves each row's valid entries to its front in their order."""
     N, K = topk_indices.shape
     if N == 0:
         return None
@@ -174,7 +201,8 @@ def compute_global_topk_indices_and_lens(
         global_topk_indices, global_topk_indices.stride(0), global_topk_indices.stride(1),
         topk_lens, topk_lens.stride(0),
         N, K, block_size,
-        BLOCK_R=block_r, BLOCK_C=block_c, PDL=pdl, num_warps=warps, **launch.pdl_kwargs(pdl),
+        BLOCK_R=block_r, BLOCK_C=block_c, PDL=pdl, COMPACT=bool(compact), num_warps=warps,
+        **launch.pdl_kwargs(pdl),
     )
     return None
 
@@ -482,6 +510,12 @@ def _register_aot() -> None:
     register(AotSpec("index_kernels._global_topk_kernel[1x2048,pdl]", _global_topk_kernel,
                      _aot_signature(_global_topk_kernel, p), c, num_warps=16,
                      targets=("sm90", "sm100"), divisible=("topk_ptr", "out_ptr")))
+    # the compacting launches (decode and prefill tilings)
+    for br, bc, warps in ((1, 2048, 16), (1, 512, _NUM_WARPS)):
+        c = {"B": 64, "BLOCK_R": br, "BLOCK_C": bc, "COMPACT": True}
+        register(AotSpec(f"index_kernels._global_topk_kernel[{br}x{bc},compact]", _global_topk_kernel,
+                         _aot_signature(_global_topk_kernel, p), c, num_warps=warps,
+                         divisible=("topk_ptr", "out_ptr")))
     p = {"topk_ptr": i32, "qsl_ptr": i32, "seq_ptr": i32, "gl_ptr": i32, "out_ptr": i32,
          "lens_ptr": i32}
     c = {"BLOCK_R": 16, "BLOCK_C": 256}

@@ -34,3 +34,9 @@ def _rsum(x, axis: tl.constexpr):
 def _rmax(x, axis: tl.constexpr):
     """``tl.max`` (max.f32 / maxnum: a NaN operand loses) through ``tl.reduce``."""
     return tl.reduce(x, axis, _MAX_COMBINE)
+
+
+@triton.jit
+def _rcumsum(x, axis: tl.constexpr):
+    """Inclusive ``tl.cumsum`` through ``tl.associative_scan`` (see the module docstring)."""
+    return tl.associative_scan(x, axis, _SUM_COMBINE)

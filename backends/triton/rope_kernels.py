@@ -336,11 +336,21 @@ def _mxfp4_blocks(e, o, out_ptr, orow, b_ptr, th_m, PTX: tl.constexpr,
     tl.store(b_ptr + b, (E + 127).to(tl.uint8), mask=th_m[:, :, None] & (b < NLIM // 16))
 
 
+@triton.jit
+def _table_row(p_ptr, mask, rows, IDX: tl.constexpr):
+    """The cos/sin row each position names, clamped into ``[0, rows)`` (``rows >= 1``): a
+    position outside the table reads its nearest row, never past the table
+    (docs/bad_input.md).  Clamped before the cast to IDX, so an int64 position past int32
+    cannot wrap into the table."""
+    p = tl.load(p_ptr, mask=mask, other=0).to(tl.int64)
+    return tl.minimum(tl.maximum(p, 0), rows - 1).to(IDX)
+
+
 @triton.jit(do_not_specialize=["T", "H"])
 def _indexer_q_kernel(
     pos_ptr, s_pos,
     q_ptr, s_q0, s_q1,
-    cs_ptr, s_cs,
+    cs_ptr, s_cs, cs_rows,
     w_ptr, s_w0, s_w1,
     out_ptr, s_o0, s_o1,
     sc_ptr, s_sc0, s_sc1,
@@ -363,7 +373,7 @@ def _indexer_q_kernel(
     hi = h.to(IDX)
     qrow = (ti * s_q0)[:, None] + (hi * s_q1)[None, :]
     orow = (ti * s_o0)[:, None] + (hi * s_o1)[None, :]
-    pos = tl.load(pos_ptr + ti * s_pos, mask=tm, other=0).to(IDX)
+    pos = _table_row(pos_ptr + ti * s_pos, tm, cs_rows, IDX)
     w = tl.load(w_ptr + (ti * s_w0)[:, None] + (hi * s_w1)[None, :], mask=th_m, other=0.0).to(tl.float32)
     wo_off = (ti * s_wo0)[:, None] + (hi * s_wo1)[None, :]
 
@@ -534,7 +544,7 @@ def fused_indexer_q_rope_quant(
     _indexer_q_kernel[grid](
         positions, positions.stride(0),
         q, q.stride(0), q.stride(1),
-        cos_sin_cache, cos_sin_cache.stride(0),
+        cos_sin_cache, cos_sin_cache.stride(0), cos_sin_cache.shape[0],
         index_weights, index_weights.stride(0), index_weights.stride(1),
         out, out.stride(0), out.stride(1),
         sc, *sc_strides,
@@ -557,7 +567,7 @@ def fused_indexer_q_rope_quant(
 def _inv_rope_kernel(
     o_ptr, s_o0, s_o1,
     pos_ptr, s_pos,
-    cs_ptr, s_cs,
+    cs_ptr, s_cs, cs_rows,
     out_ptr, s_ob0, s_ob1,
     sc_ptr, s_sc0, s_sc1,
     T, Ta, NH,
@@ -585,7 +595,7 @@ def _inv_rope_kernel(
     hg = n % HG
 
     has_rope = (t * 0 + (w + 1) * BLOCK_P) > NOPE // 2  # [BLOCK_T], all equal
-    pos = tl.load(pos_ptr + ti * s_pos, mask=tm & has_rope, other=0).to(IDX)
+    pos = _table_row(pos_ptr + ti * s_pos, tm & has_rope, cs_rows, IDX)
     i = w * BLOCK_P + tl.arange(0, BLOCK_P)
     rope = (i >= NOPE // 2) & (i < DH // 2)
     ri = tl.where(rope, i - NOPE // 2, 0)
@@ -715,7 +725,7 @@ def fused_inv_rope_fp8_quant(
     _inv_rope_kernel[grid](
         o, o.stride(0), o.stride(1),
         positions, positions.stride(0),
-        cos_sin_cache, cos_sin_cache.stride(0),
+        cos_sin_cache, cos_sin_cache.stride(0), cos_sin_cache.shape[0],
         out, out_buf.stride(0), out_buf.stride(1),
         sc, *sc_strides,
         T, Ta, NH,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import index_checks as _ic
 from ..codecs import (
     clamp_sym,
     e4m3_encode,
@@ -124,6 +125,9 @@ def fused_save_compress_norm(
     """C §8.1.  With ``prev_rows`` (CR 2), request r's first token takes its older row
     from ``prev_rows[prev_row_indices[r]]`` where that index is >= 0 (the ring
     otherwise), and the ring is left to ``save_ring_rows``."""
+    _ic.enforce("fused_save_compress_norm", [
+        kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices,
+        rms_norm_weight, rms_norm_eps, compress_ratio, latent_out, prev_rows, prev_row_indices])
     T = slot_mapping.numel()
     if T == 0:
         return
@@ -173,6 +177,7 @@ def save_ring_rows(rows: torch.Tensor, slot_mapping: torch.Tensor, state_cache: 
 
     Rows are stored in order, so of two rows with one slot the later one stays.
     """
+    _ic.enforce("save_ring_rows", [rows, slot_mapping, state_cache])
     slot = slot_mapping.to(rows.device, torch.int64)
     u = torch.nonzero(slot >= 0).flatten()
     if u.numel() == 0:
@@ -249,6 +254,7 @@ def rope_quant_insert(
     sanitize_nans: bool,
     interleaved: bool = False,
 ) -> None:
+    _ic.enforce("rope_quant_insert", [latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio])
     T = slot_mapping.numel()
     if T == 0:
         return

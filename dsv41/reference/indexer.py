@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import index_checks as _ic
 from ..codecs import (
     F32_1E_4,
     ceil_log2,
@@ -165,6 +166,8 @@ def indexer_k_norm_rope_store(
     tiled: bool,
 ) -> None:
     """Indexer key: RMSNorm -> RoPE -> FP8 / MXFP4 -> paged cache (R §3); writes ``k_cache``."""
+    _ic.enforce("indexer_k_norm_rope_store", [
+        k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache, kv_slot_mapping, compress_ratio])
     num_tokens = kv_slot_mapping.numel()
     if num_tokens == 0:
         return
@@ -247,6 +250,7 @@ def fused_indexer_q_rope_quant(
     weights_out: torch.Tensor,
 ) -> None:
     """Indexer query: RoPE on the last R dims -> FP8 or MXFP4, weight fold (R §2)."""
+    _ic.enforce("fused_indexer_q_rope_quant", [positions, index_q, cos_sin_cache])
     num_tokens, _, head_dim = index_q.shape
     if num_tokens == 0:
         return

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from dsv41 import index_checks as _ic
 from dsv41.codecs import (
     F32_1E_4,
     ceil_log2,
@@ -34,8 +35,8 @@ from dsv41.codecs import (
     exp2i,
     inv_const,
     pack_nibbles,
-    unpack_nibbles,
     ue8m0_decode,
+    unpack_nibbles,
 )
 from dsv41.formats import (
     V4_FP8,
@@ -211,6 +212,7 @@ def quantize_and_insert_k_cache(
     record (as upstream; the public layer only lets 584/528 through).  ``interleaved``
     places each 528 token's scales right after its values (``dsv41.formats``).
     """
+    _ic.enforce("quantize_and_insert_k_cache", [k, k_cache, slot_mapping, block_size])
     rec = V41_MXFP8 if bytes_per_token == V41_MXFP8.width else V4_FP8
     T = slot_mapping.shape[0]
     slots = slot_mapping.to(torch.int64)
@@ -283,6 +285,7 @@ def dequantize_and_gather_k_cache(
     ``out[r, offset : offset + n]`` from positions ``L - n … L - 1``; no other row is
     touched.  The record is ``k_cache.shape[-1]`` (584 / 528 / 288).
     """
+    _ic.enforce("dequantize_and_gather_k_cache", [out, k_cache, seq_lens, gather_lens, block_table, block_size, offset])
     rec = record_for_width(k_cache.shape[-1])
     dev = out.device
     lens = seq_lens.to(torch.int64)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from dsv41 import index_checks as _ic
 from dsv41.codecs import ceil_log2, clamp_sym, e4m3_encode, exp2i, fma32, inv_const
 from dsv41.fused_layout import o_fused_chunk_permutation, o_fused_permutation
 
@@ -84,6 +85,7 @@ def fused_inv_rope_fp8_quant(
     ``scale_buf`` is ``[G, K·Ta]`` with element (t, g, k) at ``[g, k·Ta + t]`` (fp32 ``2^E``, or
     int32 words of four ue8m0 bytes when ``tma_aligned_scales``); rows ``T ≤ t < Ta`` are 0.
     """
+    _ic.enforce("fused_inv_rope_fp8_quant", [o, positions, cos_sin_cache])
     T, NH, Dh = o.shape
     G, HG, QG = n_groups, heads_per_group, quant_group_size
     Dg = HG * Dh

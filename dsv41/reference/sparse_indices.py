@@ -10,9 +10,10 @@ Conventions shared by the three ops:
 * A block table is read with 2-D advanced indexing, so its strides (a ``[:, :w]`` view with
   ``stride(0) > w``, a transposed table, ...) are honoured.  Entries the spec says are not
   read are masked, and the index used for the read is clamped, so nothing is ever read out
-  of range.  A table read that falls outside the table's logical shape (out of the
-  kernels' contract: bad ``token_to_req`` or a logical block past the table width) yields
-  the "no slot" sentinel -1 instead of whatever memory the GPU kernel would have read.
+  of range.  A table read that falls outside the table's logical shape (a bad request
+  index or a logical block past the table width) yields the "no slot" sentinel -1 instead
+  of whatever memory the GPU kernel would have read; §5 defines it so (bounds-checked
+  variant) and does not count such entries.
 * Integer division of values that may be negative uses C truncation (``rounding_mode=
   "trunc"``), as Triton does; every other ``//`` / ``%`` here has a non-negative left
   operand (spec §0.2), where floor and truncation agree.
@@ -88,12 +89,17 @@ def compute_global_topk_indices_and_lens(
     is_valid_token: torch.Tensor,
     global_topk_indices: torch.Tensor,
     topk_lens: torch.Tensor,
+    compact: bool = False,
 ) -> None:
-    """§5, reference version: local top-k indices → global slots, not compacted.
+    """§5 with the bounds-checked variant's rules: local top-k indices → global slots.
 
-    ``out[n, j] = table[req[n], x // B] * B + x % B`` for ``x = topk_indices[n, j] ≥ 0``,
-    else −1 (holes stay in place).  ``topk_lens[n]`` = number of ``x ≥ 0`` if the token is
-    valid, else 0; rows of invalid tokens are still translated.
+    An entry ``x = topk_indices[n, j]`` is valid when ``x ≥ 0``, ``r = token_to_req[n]`` is
+    in ``[0, block_table.shape[0])`` and ``x // B < block_table.shape[1]`` (the logical
+    width, not the stride); it becomes ``table[r, x // B] * B + x % B``, every other entry
+    −1.  ``topk_lens[n]`` = number of valid entries if the token is valid, else 0; rows of
+    invalid tokens are still translated (and compacted).  ``compact`` moves the valid
+    entries of each row to its front in their original order, −1 after them; otherwise
+    the −1 holes stay in place.
     """
     n_tok = topk_indices.shape[0]
     if n_tok == 0:
@@ -104,9 +110,14 @@ def compute_global_topk_indices_and_lens(
     req = token_to_req_indices[:n_tok].to(_I32).unsqueeze(1)
     xs = torch.where(present, x, 0)
     block_id, ok = _table_lookup(block_table, req, xs // B, present)
-    global_topk_indices.copy_(torch.where(ok, block_id * B + xs % B, -1))
+    slots = torch.where(ok, block_id * B + xs % B, -1)
+    if compact:
+        # a stable sort on "invalid" keeps the valid entries' order; the rest are all −1
+        order = torch.argsort((~ok).to(torch.uint8), dim=1, stable=True)
+        slots = torch.gather(slots, 1, order)
+    global_topk_indices.copy_(slots)
 
-    count = present.sum(dim=1, dtype=_I32)
+    count = ok.sum(dim=1, dtype=_I32)
     topk_lens.copy_(torch.where(is_valid_token[:n_tok].bool(), count, 0))
     return None
 
