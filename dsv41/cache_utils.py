@@ -12,7 +12,7 @@ import inspect
 
 import torch
 
-from . import _library  # noqa: F401  (registers torch.ops.dsv41.*)
+from . import _calls
 from . import index_checks as _ic
 from ._validate import INT_INDEX, Check
 from . import registry as _registry
@@ -55,7 +55,7 @@ __all__ = [
     "build_flashinfer_mixed_sparse_indices",
 ]
 
-_ops = torch.ops.dsv41
+_ops = _calls.ops
 I32 = torch.int32
 
 

@@ -21,6 +21,8 @@ VARIABLES = {
     "DSV41_BACKEND": "force one backend for every op",
     "DSV41_PLATFORM": "replace the hardware probe (sm_90, sm_100, sm_120, gfx942, gfx950, xpu, cpu)",
     "DSV41_VALIDATE": "1: check every index against its bound before the kernel runs (synchronizes)",
+    "DSV41_EAGER_OPS": "0: call every kernel through torch.ops.dsv41 (default: eager calls go direct)",
+    "DSV41_HOSTILE_MEM_GB": "tests: memory limit of a hostile-index child process over its server",
     "DSV41_PDL": "0: no programmatic dependent launch on NVIDIA",
     "DSV41_CACHE_DIR": "where the CPU kernels are built (default ~/.cache/dsv41)",
     "DSV41_CPU_MARCH": "-march of the CPU build (default native; none: portable)",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _library  # noqa: F401
+from . import _calls
 from . import index_checks as _ic
 from . import platform as _platform
 from ._validate import INT_INDEX, Check
@@ -13,7 +13,7 @@ from .formats import DEFAULT_V41_LAYOUT, V41_LAYOUTS, interleaved_for
 
 __all__ = ["fused_save_compress_norm", "save_ring_rows", "rope_quant_insert"]
 
-_ops = torch.ops.dsv41
+_ops = _calls.ops
 
 
 def fused_save_compress_norm(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _library  # noqa: F401
+from . import _calls
 from . import index_checks as _ic
 from . import platform as _platform
 from ._validate import INT_INDEX, Check
@@ -13,7 +13,7 @@ from .formats import TILE
 
 __all__ = ["indexer_k_norm_rope_store"]
 
-_ops = torch.ops.dsv41
+_ops = _calls.ops
 
 
 def indexer_k_norm_rope_store(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _library  # noqa: F401
+from . import _calls
 from . import index_checks as _ic
 from . import platform as _platform
 from ._validate import INT_INDEX, Check
@@ -12,7 +12,7 @@ from .formats import MXFP4_BLOCK_SIZE
 
 __all__ = ["fused_indexer_q_rope_quant"]
 
-_ops = torch.ops.dsv41
+_ops = _calls.ops
 _FP8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import torch
 
-from . import _library  # noqa: F401
+from . import _calls
 from . import index_checks as _ic
 from ._validate import INT_INDEX, Check
 
 __all__ = ["fused_inv_rope_fp8_quant", "tma_aligned_size"]
 
-_ops = torch.ops.dsv41
+_ops = _calls.ops
 
 
 def tma_aligned_size(x: int, element_size: int) -> int:

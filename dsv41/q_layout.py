@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from . import _library  # noqa: F401
+from . import _calls
 from ._validate import Check
 
 __all__ = ["pad_fused_q_heads"]
 
-_ops = torch.ops.dsv41
+_ops = _calls.ops
 
 
 def pad_fused_q_heads(q: torch.Tensor, padded_heads: int) -> torch.Tensor:

@@ -7,7 +7,7 @@ import dataclasses
 
 import torch
 
-from . import _library  # noqa: F401
+from . import _calls
 from ._validate import Check
 
 __all__ = [
@@ -21,7 +21,7 @@ __all__ = [
     "swizzled_scale_bytes",
 ]
 
-_ops = torch.ops.dsv41
+_ops = _calls.ops
 
 MXFP8_GROUP = 32  # dims per ue8m0 scale
 

@@ -145,3 +145,38 @@ def test_cr2_prefill_ring_read_before_save(impl):
     for i, (a, w_out) in enumerate(zip(dev, want)):
         assert torch.equal(written_bytes(a[9]).cpu(), written_bytes(w_out)), f"call {i}: latent_out differs"
     assert torch.equal(dev_state.cpu(), want_state), "state cache differs"
+
+
+@pytest.mark.parametrize("eager", [True, False], ids=["eager-path", "op-path"])
+def test_public_calls_capture_on_both_paths(eager, monkeypatch):
+    """A public call captures into a CUDA graph whether it goes straight to the kernel (eager
+    path) or through torch.ops.dsv41 (DSV41_EAGER_OPS=0), and replays to the eager bytes."""
+    from dsv41 import _calls
+
+    monkeypatch.setattr(_calls, "_eager", eager)
+    g = torch.Generator().manual_seed(1)
+    k = torch.randn(16, 512, generator=g).to(torch.bfloat16).cuda()
+    slots = torch.arange(16, device="cuda") * 3
+    cache = torch.zeros(4, 64, 528, dtype=torch.uint8, device="cuda")
+    out = torch.zeros(1, 48, 512, dtype=torch.bfloat16, device="cuda")
+    seq = torch.tensor([48], dtype=torch.int32, device="cuda")
+    table = torch.tensor([[0]], dtype=torch.int32, device="cuda")
+
+    def step():
+        dsv41.quantize_and_insert_k_cache(k, cache, slots, 64, True, False, 528)
+        dsv41.dequantize_and_gather_k_cache(out, cache, seq, None, table, 64, 0)
+
+    step()  # warm-up (compiles)
+    torch.cuda.synchronize()
+    want_cache, want_out = cache.clone(), out.clone()
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.cuda.graph(graph, stream=s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    cache.zero_()
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(cache, want_cache) and torch.equal(out, want_out)

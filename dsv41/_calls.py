@@ -1,0 +1,84 @@
+"""How a public function reaches its kernel: ``ops.<name>(*kernel_args)``.
+
+Two paths, the same kernel, the same bytes:
+
+* **eager** (the common case): the registry's resolved kernel is called directly.  A
+  ``torch.library`` custom op costs tens of microseconds per call on the host (default
+  filling, the autograd and ADInplaceOrView redispatch, the dynamo-disable wrapper), more
+  than most of these kernels take at decode sizes, and eager calls are what serving engines
+  make outside CUDA graphs.
+* **through ``torch.ops.dsv41.<name>``** whenever PyTorch has to see the op: while
+  ``torch.compile`` traces, under any dispatch mode (fake tensors, functionalization, the
+  ``opcheck`` and ``make_fx`` machinery), inside functorch transforms, and when a tensor
+  argument is a subclass (``FakeTensor``, ``FunctionalTensor``, DTensor, ...).
+
+Both paths are graph-capturable: the kernel launch is the same.  ``DSV41_EAGER_OPS=0`` forces
+the op path everywhere (read once, on first use).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+from . import _library  # noqa: F401  (registers torch.ops.dsv41.*)
+from . import registry
+
+__all__ = ["ops", "eager_enabled", "takes_op_path"]
+
+_eager: bool | None = None
+
+
+def eager_enabled() -> bool:
+    """False when ``DSV41_EAGER_OPS=0`` (every call then goes through ``torch.ops.dsv41``)."""
+    global _eager
+    if _eager is None:
+        _eager = os.environ.get("DSV41_EAGER_OPS", "1").strip() != "0"
+    return _eager
+
+
+_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+
+
+def takes_op_path(args) -> bool:
+    """Whether a call with these kernel arguments must go through the custom op."""
+    if not eager_enabled() or torch.compiler.is_compiling():
+        return True
+    if torch._C._len_torch_dispatch_stack() or _functorch_active():
+        return True
+    for a in args:
+        if isinstance(a, Tensor) and type(a) is not Tensor:
+            return True
+    return False
+
+
+class _Call:
+    __slots__ = ("name", "op")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.op = getattr(torch.ops.dsv41, name)
+
+    def __call__(self, *args):
+        if takes_op_path(args):
+            return self.op(*args)
+        for a in args:
+            if isinstance(a, Tensor):
+                return registry.kernel(self.name, a.device.type)(*args)
+        return self.op(*args)  # no tensor argument: let the op say what is wrong
+
+
+class _Ops:
+    """``ops.<op name>``: a callable per op, made on first use."""
+
+    def __getattr__(self, name: str) -> _Call:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        call = _Call(name)
+        setattr(self, name, call)
+        return call
+
+
+ops = _Ops()
