@@ -61,9 +61,15 @@ _SIGNATURES = {
     "dsv41_cache_kernels_simd": [],
 }
 
+_LIB = None
+
+
 def library() -> ctypes.CDLL:
     """The compiled library with argument types set (built on first use, then cached)."""
-    return load_typed(LIB_NAME, SOURCES, _SIGNATURES)
+    global _LIB
+    if _LIB is None:
+        _LIB = load_typed(LIB_NAME, SOURCES, _SIGNATURES)
+    return _LIB
 
 
 def build_error() -> str | None:
