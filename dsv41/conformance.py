@@ -21,6 +21,8 @@ from typing import Callable
 
 import torch
 
+from .formats import RECORDS
+
 __all__ = ["Case", "CASES", "cases_for", "clone_args", "written_bytes", "PIPELINE"]
 
 I32, I64, BF16, F32, U8 = torch.int32, torch.int64, torch.bfloat16, torch.float32, torch.uint8
@@ -455,6 +457,78 @@ def _pad_q(t, h, hp, seed=12):
     return build
 
 
+# --------------------------------------------------------------------------- transcode_k_cache
+
+_TRANSCODE = "transcode_k_cache"
+_FP8_WIDTHS = tuple(sorted(w for w, r in RECORDS.items() if r.holds_fp8))  # (132, 528, 584)
+
+
+def _edge_cache(width: int, block_size: int, pad: int, num_blocks: int, seed: int):
+    """A canary-padded ``[num_blocks, B, W]`` cache whose pages hold every value byte, the
+    special scale codes / exponents next to ordinary ones, and (even pages) FNUZ-writer-like
+    value bytes (no 0x7F / 0xFF / 0x80)."""
+    g = _gen(seed)
+    cache = _paged(num_blocks, block_size, width, pad)
+    rec = RECORDS[width]
+    raw = torch.randint(0, 256, (num_blocks, block_size * width), generator=g, dtype=torch.uint8)
+    vb = block_size * rec.value_bytes
+    clean = raw[::2, :vb]
+    clean.copy_(torch.where((clean & 0x7F) == 0x7F, clean - 1, clean))
+    clean.copy_(torch.where(clean == 0x80, torch.zeros_like(clean), clean))
+    if rec.scale == "ue8m0":
+        special = torch.tensor([0, 1, 2, 105, 127, 247, 253, 254, 255], dtype=torch.uint8)
+        n = raw[:, vb:].numel()
+        codes = torch.where(
+            torch.randint(0, 3, (n,), generator=g) == 0,
+            special[torch.randint(0, len(special), (n,), generator=g)],
+            torch.randint(100, 140, (n,), generator=g, dtype=torch.uint8),
+        )
+        raw[:, vb:] = codes.view(num_blocks, -1)
+    else:
+        n = num_blocks * block_size
+        exps = torch.tensor([0, 1, 2, 105, 127, 253, 254, 255], dtype=torch.int64)
+        e = torch.where(torch.randint(0, 2, (n,), generator=g) == 0,
+                        exps[torch.randint(0, len(exps), (n,), generator=g)],
+                        torch.randint(100, 140, (n,), generator=g))
+        mant = torch.randint(0, 1 << 23, (n,), generator=g)
+        mant = torch.where(torch.randint(0, 2, (n,), generator=g) == 0, mant & ~1, mant)
+        mant = torch.where(torch.randint(0, 2, (n,), generator=g) == 0, torch.zeros_like(mant), mant)
+        bits = (torch.randint(0, 2, (n,), generator=g) << 31) | (e << 23) | mant
+        sh = torch.tensor([0, 8, 16, 24])
+        raw[:, vb:] = ((bits.unsqueeze(1) >> sh) & 0xFF).to(torch.uint8).view(num_blocks, -1)
+    cache.copy_(raw.view(num_blocks, block_size, width))
+    return cache
+
+
+def _transcode(width, src_fnuz, dst_fnuz, block_size=16, pad=64, tiled=False, ids_dtype=torch.int32, seed=3):
+    """Kernel-contract case: paged records on both sides (interleaved ones are byte moves
+    around this kernel, tested in tests/test_transcode.py)."""
+    def build(device):
+        src = _edge_cache(width, block_size, pad, 6, seed)
+        dst = _edge_cache(width, block_size, pad + 32, 7, seed + 1)
+        ids = torch.tensor([4, -1, 0, 2, 5, -7, 6], dtype=ids_dtype)  # 6: past src's 6 pages
+        return _on(device, [src, dst, ids, block_size, width, src_fnuz, dst_fnuz, tiled])
+
+    return build
+
+
+def _transcode_cases() -> list:
+    """Kernel-contract cases of ``transcode_k_cache`` (every fp8 record, both directions, the
+    tiled indexer layout, identity), in the format of ``dsv41.conformance.CASES``.  In-place
+    calls are tested in tests/test_transcode.py (the conformance harness clones each argument
+    separately, so it cannot express aliasing)."""
+    out = []
+    for w in _FP8_WIDTHS:
+        for s, d in ((False, True), (True, False)):
+            tag = f"{w}-{'fnuz' if s else 'ocp'}-to-{'fnuz' if d else 'ocp'}"
+            out.append(Case(_TRANSCODE, tag, _transcode(w, s, d), (1,)))
+        out.append(Case(_TRANSCODE, f"{w}-fnuz-to-ocp-b5-nopad-i64", _transcode(w, True, False, block_size=5, pad=0, ids_dtype=torch.int64), (1,)))
+        out.append(Case(_TRANSCODE, f"{w}-identity", _transcode(w, True, True), (1,)))
+    out.append(Case(_TRANSCODE, "132-tiled-ocp-to-fnuz", _transcode(132, False, True, tiled=True), (1,)))
+    out.append(Case(_TRANSCODE, "132-tiled-fnuz-to-ocp-b32", _transcode(132, True, False, block_size=32, tiled=True), (1,)))
+    return out
+
+
 def _all_cases() -> list[Case]:
     c = []
     A = c.append
@@ -552,9 +626,7 @@ def _all_cases() -> list[Case]:
     A(Case("fused_q_kv_rmsnorm_quant", "t130-two-tiles", _qkv_norm(130, qs=1024, ks=448), (5, 6, 7)))
     A(Case("pad_fused_q_heads", "8to16", _pad_q(3, 8, 16), (1,)))
     A(Case("pad_fused_q_heads", "5to32", _pad_q(2, 5, 32), (1,)))
-    from .transcode import conformance_cases  # lazy: transcode imports this module
-
-    c.extend(conformance_cases())
+    c.extend(_transcode_cases())
     return c
 
 

@@ -108,7 +108,7 @@ from . import registry
 from ._validate import INT_INDEX, Check
 from .formats import DEFAULT_V41_LAYOUT, INDEXER_FP8, RECORDS, TILE, V41_LAYOUTS, V41_NVFP4, CacheLayout, interleaved_for
 
-__all__ = ["transcode_k_cache", "conformance_cases"]
+__all__ = ["transcode_k_cache"]
 
 OP = "transcode_k_cache"
 FP8_WIDTHS = tuple(sorted(w for w, r in RECORDS.items() if r.holds_fp8))  # (132, 528, 584)
@@ -295,80 +295,3 @@ def _relayout_op(
 @_relayout_op.register_fake
 def _(*args, **kwargs):
     return None
-
-
-# --------------------------------------------------------------------------------------
-# Conformance cases (for dsv41.conformance.CASES: ``CASES += transcode.conformance_cases()``)
-# --------------------------------------------------------------------------------------
-
-
-def _edge_cache(width: int, block_size: int, pad: int, num_blocks: int, seed: int):
-    """A canary-padded ``[num_blocks, B, W]`` cache whose pages hold every value byte, the
-    special scale codes / exponents next to ordinary ones, and (even pages) FNUZ-writer-like
-    value bytes (no 0x7F / 0xFF / 0x80)."""
-    from .conformance import _gen, _paged
-
-    g = _gen(seed)
-    cache = _paged(num_blocks, block_size, width, pad)
-    rec = RECORDS[width]
-    raw = torch.randint(0, 256, (num_blocks, block_size * width), generator=g, dtype=torch.uint8)
-    vb = block_size * rec.value_bytes
-    clean = raw[::2, :vb]
-    clean.copy_(torch.where((clean & 0x7F) == 0x7F, clean - 1, clean))
-    clean.copy_(torch.where(clean == 0x80, torch.zeros_like(clean), clean))
-    if rec.scale == "ue8m0":
-        special = torch.tensor([0, 1, 2, 105, 127, 247, 253, 254, 255], dtype=torch.uint8)
-        n = raw[:, vb:].numel()
-        codes = torch.where(
-            torch.randint(0, 3, (n,), generator=g) == 0,
-            special[torch.randint(0, len(special), (n,), generator=g)],
-            torch.randint(100, 140, (n,), generator=g, dtype=torch.uint8),
-        )
-        raw[:, vb:] = codes.view(num_blocks, -1)
-    else:
-        n = num_blocks * block_size
-        exps = torch.tensor([0, 1, 2, 105, 127, 253, 254, 255], dtype=torch.int64)
-        e = torch.where(torch.randint(0, 2, (n,), generator=g) == 0,
-                        exps[torch.randint(0, len(exps), (n,), generator=g)],
-                        torch.randint(100, 140, (n,), generator=g))
-        mant = torch.randint(0, 1 << 23, (n,), generator=g)
-        mant = torch.where(torch.randint(0, 2, (n,), generator=g) == 0, mant & ~1, mant)
-        mant = torch.where(torch.randint(0, 2, (n,), generator=g) == 0, torch.zeros_like(mant), mant)
-        bits = (torch.randint(0, 2, (n,), generator=g) << 31) | (e << 23) | mant
-        sh = torch.tensor([0, 8, 16, 24])
-        raw[:, vb:] = ((bits.unsqueeze(1) >> sh) & 0xFF).to(torch.uint8).view(num_blocks, -1)
-    cache.copy_(raw.view(num_blocks, block_size, width))
-    return cache
-
-
-def _case(width, src_fnuz, dst_fnuz, block_size=16, pad=64, tiled=False, ids_dtype=torch.int32, seed=3):
-    """Kernel-contract case: paged records on both sides (interleaved ones are byte moves
-    around this kernel, tested in tests/test_transcode.py)."""
-    def build(device):
-        from .conformance import _on
-
-        src = _edge_cache(width, block_size, pad, 6, seed)
-        dst = _edge_cache(width, block_size, pad + 32, 7, seed + 1)
-        ids = torch.tensor([4, -1, 0, 2, 5, -7, 6], dtype=ids_dtype)  # 6: past src's 6 pages
-        return _on(device, [src, dst, ids, block_size, width, src_fnuz, dst_fnuz, tiled])
-
-    return build
-
-
-def conformance_cases() -> list:
-    """Kernel-contract cases of ``transcode_k_cache`` (every fp8 record, both directions, the
-    tiled indexer layout, identity), in the format of ``dsv41.conformance.CASES``.  In-place
-    calls are tested in tests/test_transcode.py (the conformance harness clones each argument
-    separately, so it cannot express aliasing)."""
-    from .conformance import Case
-
-    out = []
-    for w in FP8_WIDTHS:
-        for s, d in ((False, True), (True, False)):
-            tag = f"{w}-{'fnuz' if s else 'ocp'}-to-{'fnuz' if d else 'ocp'}"
-            out.append(Case(OP, tag, _case(w, s, d), (1,)))
-        out.append(Case(OP, f"{w}-fnuz-to-ocp-b5-nopad-i64", _case(w, True, False, block_size=5, pad=0, ids_dtype=torch.int64), (1,)))
-        out.append(Case(OP, f"{w}-identity", _case(w, True, True), (1,)))
-    out.append(Case(OP, "132-tiled-ocp-to-fnuz", _case(132, False, True, tiled=True), (1,)))
-    out.append(Case(OP, "132-tiled-fnuz-to-ocp-b32", _case(132, True, False, block_size=32, tiled=True), (1,)))
-    return out

@@ -801,7 +801,7 @@ def st_pad_fused_q_heads(draw):
 
 @st.composite
 def st_transcode_k_cache(draw):
-    from dsv41.transcode import _edge_cache
+    from dsv41.conformance import _edge_cache
 
     width = draw(st.sampled_from([584, 528, 132]))
     tiled = width == 132 and draw(st.booleans())

@@ -24,7 +24,7 @@ import dsv41
 from dsv41 import registry
 from dsv41 import transcode as T
 from dsv41.codecs import e4m3_decode, e4m3_encode, ue8m0_decode
-from dsv41.conformance import clone_args, edge_rows, written_bytes
+from dsv41.conformance import cases_for, clone_args, edge_rows, written_bytes
 from dsv41.formats import INDEXER_FP8, RECORDS, CacheLayout
 from dsv41.reference import transcode as R
 from dsv41.reference.k_cache import dequantize_and_gather_k_cache as ref_gather
@@ -604,7 +604,7 @@ def test_impl_bytes_equal_reference_exhaustive(backend, width, src_fnuz, dst_fnu
         assert torch.equal(written_bytes(got), written_bytes(want))
 
 
-CASES = T.conformance_cases()
+CASES = cases_for("transcode_k_cache")
 
 
 @pytest.mark.parametrize("backend", ["cpu", "triton@interp"])
