@@ -363,8 +363,10 @@ def _sites() -> list[Site]:
            _alt_const(-1), neg="skip", gpu_minus1=True, note="the last token of request 0 (closes, saves a ring row)"))
     A(Site(S8, "cr2-ring", "positions", 1, _save_last_of_req0, lambda a: 2**31, _alt_plus(1),
            note="positions index nothing; bound: int32 positions, [0, 2^31) for a token with a slot"))
-    A(Site(S8, "cr2-ring", "query_start_loc", 4, lambda a: (1,), lambda a: int(a[4][1]) + 1, _alt_plus(-1),
-           gpu_racy=True, note="bound: the next request's first token (slot >= 0) leaves its range"))
+    A(Site(S8, "cr2-ring", "query_start_loc", 4, lambda a: (1,), lambda a: a[3].shape[0] + 1, _alt_plus(-1),
+           tight=False, gpu_racy=True,
+           note="bound: past the token count T (offsets in [0, T] are in bounds; their consistency with "
+                "token_to_req_indices is DSV41_VALIDATE's)"))
     A(Site(S8, "cr2-ring", "token_to_req_indices", 5, lambda a: (int(a[4][_save_first_closing_req(a)]),),
            lambda a: a[4].shape[0] - 1, lambda a, v: (v + 1) % (a[4].shape[0] - 1), tight=False,
            note="the first token of a request that closes a group at once; bound: number of requests"))

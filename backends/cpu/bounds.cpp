@@ -109,10 +109,10 @@ int64_t dsv41_gather_first_bad(const void* seq, int32_t seq64, int64_t seq_s,
 }
 
 // fused_save_compress_norm, CR 2: the first token whose indices leave a tensor -- a ring slot
-// past the state cache, a request index outside [0, R), a position outside [0, 2^31) -- among the tokens
-// with a slot >= 0, or one outside its request's chunk; T + i for a prev_row_indices[i] >=
-// prev_n (i < R); T + R for query_start_loc not non-decreasing inside [0, T]; -1 when all
-// are in.
+// past the state cache, a request index outside [0, R), a position outside [0, 2^31) -- among
+// the tokens with a slot >= 0; T + i for a prev_row_indices[i] >= prev_n (i < R); T + R for a
+// query_start_loc entry outside [0, T]; -1 when all are in.  (Consistency between the two --
+// a token inside its request's chunk -- is DSV41_VALIDATE's: it moves no index out of bounds.)
 int64_t dsv41_save_first_bad(const void* slot, int32_t s64, int64_t s_s, int64_t T,
                              const void* pos, int32_t p64, int64_t p_s,
                              const void* t2r, int32_t r64, int64_t r_s,
@@ -122,7 +122,7 @@ int64_t dsv41_save_first_bad(const void* slot, int32_t s64, int64_t s_s, int64_t
                              int64_t prev_n) {
     for (int64_t i = 0; i <= R; ++i) {
         const int64_t q = load_idx(qsl, i, q_s, q64);
-        if (q < 0 || q > T || (i > 0 && q < load_idx(qsl, i - 1, q_s, q64))) return T + R;
+        if (q < 0 || q > T) return T + R;
     }
     for (int64_t t = 0; t < T; ++t) {
         const int64_t s = load_idx(slot, t, s_s, s64);
@@ -130,8 +130,6 @@ int64_t dsv41_save_first_bad(const void* slot, int32_t s64, int64_t s_s, int64_t
         const int64_t req = load_idx(t2r, t, r_s, r64);
         const int64_t p = load_idx(pos, t, p_s, p64);
         if (s >= ring_slots || req < 0 || req >= R || p < 0 || p > INT32_MAX) return t;
-        // the token inside its request's chunk (which rows pool together depends on it)
-        if (t < load_idx(qsl, req, q_s, q64) || t >= load_idx(qsl, req + 1, q_s, q64)) return t;
     }
     if (prev_idx)
         for (int64_t i = 0; i < R && i < pi_n; ++i)

@@ -54,6 +54,8 @@ import threading
 
 import torch
 
+from dsv41 import formats as _formats
+
 __all__ = [
     "dequantize_and_gather_k_cache",
     "unsupported_reason",
@@ -77,10 +79,10 @@ THREADS = WARPS * 32
 # (the grid-stride loop covers the rest); 8 CTAs of 256 threads fill one SM.
 _CTAS_PER_SM = 8
 
-# record width -> (value bytes, scale bytes, quantized dims, group)
+# record width -> (value bytes, scale bytes, quantized dims, group) of the fp8 KV records the
+# kernel decodes (dsv41.formats)
 RECORDS = {
-    584: (576, 8, 448, 64),
-    528: (512, 16, 512, 32),
+    r.width: (r.value_bytes, r.scale_bytes, r.quant_dims, r.group) for r in (_formats.V4_FP8, _formats.V41_MXFP8)
 }
 # records that also come in the interleaved layout (the 584 record is always paged)
 INTERLEAVED_RECORDS = (528,)

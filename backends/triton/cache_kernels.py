@@ -52,6 +52,8 @@ import torch
 import triton
 import triton.language as tl
 
+from dsv41.formats import RECORDS
+
 from . import launch
 from .aot import AotSpec, register
 
@@ -902,6 +904,15 @@ def _quant_insert_kernel(
         _store_i16(cache_ptr, vbase + NQ * G, j, tail, valid, TAIL_I16)
 
 
+def _geometry(width: int) -> dict:
+    """Constexpr geometry of a paged KV record, read from ``dsv41.formats``: NQ quantized
+    groups of G dims (NG: the power of two the group axis is padded to), VB value bytes and
+    SB scale bytes per token."""
+    rec = RECORDS[int(width)]
+    return dict(NG=triton.next_power_of_2(rec.n_groups), G=rec.group, NQ=rec.n_groups,
+                VB=rec.value_bytes, SB=rec.scale_bytes)
+
+
 def _align(t: torch.Tensor, *strides) -> int:
     """Largest of 4, 2, 1 dividing the tensor's address and the given byte strides."""
     for a in (4, 2):
@@ -921,9 +932,7 @@ def quantize_and_insert_k_cache(k, k_cache, slot_mapping, block_size, use_fnuz, 
     pdl = launch.decode_pdl(k_cache.device, T)
     _quant_insert_kernel[(launch.cdiv(T, BT),)](
         k, k.stride(0), k_cache, page_stride, slot_mapping, T, k_cache.shape[0] * block_size, block_size,
-        NG=16 if v41 else 8, G=32 if v41 else 64, NQ=16 if v41 else 7,
-        VB=512 if v41 else 576, SB=16 if v41 else 8,
-        HAS_TAIL=not v41, TAIL_I16=_align(k_cache, page_stride) >= 2,
+        **_geometry(bytes_per_token), HAS_TAIL=not v41, TAIL_I16=_align(k_cache, page_stride) >= 2,
         FNUZ=bool(use_fnuz), SOFT=_soft(k_cache), EXACT_LOG2=_exact_log2(),
         BLOCK_T=BT, PDL=pdl, INTERLEAVED=bool(interleaved), num_warps=NW, **launch.pdl_kwargs(pdl),
     )
@@ -938,7 +947,8 @@ def quantize_and_insert_k_cache(k, k_cache, slot_mapping, block_size, use_fnuz, 
 def _gather_kernel(
     out_ptr, out_s0, out_s1, cache_ptr, page_stride, seq_lens_ptr, gather_lens_ptr,
     bt_ptr, bt_s0, bt_width, num_blocks, block_size: tl.constexpr, offset, out_rows,
-    REC: tl.constexpr, HAS_GL: tl.constexpr, TAIL_I16: tl.constexpr, FNUZ: tl.constexpr,
+    REC: tl.constexpr, NG: tl.constexpr, G: tl.constexpr, NQ: tl.constexpr, VB: tl.constexpr,
+    SB: tl.constexpr, HAS_GL: tl.constexpr, TAIL_I16: tl.constexpr, FNUZ: tl.constexpr,
     SOFT: tl.constexpr, BLOCK_T: tl.constexpr,
     PDL: tl.constexpr = False, INTERLEAVED: tl.constexpr = False,
 ):
@@ -974,33 +984,21 @@ def _gather_kernel(
         page = tl.where(ok, blk, 0) * page_stride
         orow = r64 * out_s0 + (offset + i).to(tl.int64) * out_s1
         if REC == 288:
-            # NVFP4: 256 packed bytes, 32 e4m3 scales (always OCP)
-            kb = tl.arange(0, 256)
-            pb = tl.load(cache_ptr + _value_base(page, tok, 256, 32, INTERLEAVED)[:, None] + kb[None, :],
+            # NVFP4: VB = 256 packed bytes, SB = 32 e4m3 scales (always OCP)
+            kb = tl.arange(0, VB)
+            pb = tl.load(cache_ptr + _value_base(page, tok, VB, SB, INTERLEAVED)[:, None] + kb[None, :],
                          mask=ok[:, None], other=0).to(tl.int32)
-            g = tl.arange(0, 32)
-            sc = tl.load(cache_ptr + _scale_base(page, tok, block_size, 256, 32, INTERLEAVED)[:, None]
+            g = tl.arange(0, SB)
+            sc = tl.load(cache_ptr + _scale_base(page, tok, block_size, VB, SB, INTERLEAVED)[:, None]
                          + g[None, :], mask=ok[:, None], other=0)
             S16 = (_e4m3_decode(sc, False, SOFT) * 16384.0)[:, :, None]  # exact: S * 2^14
-            pb3 = tl.reshape(pb, (BLOCK_T, 32, 8))
+            pb3 = tl.reshape(pb, (BLOCK_T, SB, VB // SB))
             lo = _e2m1_half(pb3) * S16
             hi = _e2m1_half(pb3 >> 4) * S16
             v = tl.reshape(tl.join(lo, hi), (BLOCK_T, 512))
             d = tl.arange(0, 512)
             tl.store(o16 + orow[:, None] + d[None, :], _bf16_bits(v, SOFT), mask=m[:, None])
         else:
-            if REC == 528:
-                NG: tl.constexpr = 16
-                G: tl.constexpr = 32
-                NQ: tl.constexpr = 16
-                VB: tl.constexpr = 512
-                SB: tl.constexpr = 16
-            else:
-                NG: tl.constexpr = 8
-                G: tl.constexpr = 64
-                NQ: tl.constexpr = 7
-                VB: tl.constexpr = 576
-                SB: tl.constexpr = 8
             d = tl.arange(0, NG * G)
             dmask = m[:, None] & (d < NQ * G)[None, :]
             vbase = _value_base(page, tok, VB, SB, INTERLEAVED)
@@ -1046,7 +1044,7 @@ def dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_tab
         out, out.stride(0), out.stride(1), k_cache, page_stride, seq_lens,
         gather_lens if gather_lens is not None else seq_lens,
         block_table, block_table.stride(0), block_table.shape[1], k_cache.shape[0], block_size, offset, rows,
-        REC=int(rec), HAS_GL=gather_lens is not None, TAIL_I16=_align(k_cache, page_stride) >= 2,
+        REC=int(rec), **_geometry(rec), HAS_GL=gather_lens is not None, TAIL_I16=_align(k_cache, page_stride) >= 2,
         FNUZ=bool(use_fnuz), SOFT=_soft(k_cache), BLOCK_T=BT, PDL=pdl,
         INTERLEAVED=bool(interleaved), num_warps=NW, **launch.pdl_kwargs(pdl),
     )
@@ -1734,8 +1732,7 @@ def _register_aot() -> None:
         for fnuz in (False, True):
             for targets, soft, flav in vendors:
                 add(_quant_insert_kernel, f"{rec},{'fnuz' if fnuz else 'ocp'},{flav}{',il' * il}", ins_t, dict(
-                    block_size=AOT_BLOCK_SIZE, NG=16 if v41 else 8, G=32 if v41 else 64, NQ=16 if v41 else 7,
-                    VB=512 if v41 else 576, SB=16 if v41 else 8, HAS_TAIL=not v41, TAIL_I16=True,
+                    block_size=AOT_BLOCK_SIZE, **_geometry(rec), HAS_TAIL=not v41, TAIL_I16=True,
                     FNUZ=fnuz, SOFT=soft, EXACT_LOG2=True, BLOCK_T=_shape("insert", rec)[0],
                     INTERLEAVED=il),
                     targets, _shape("insert", rec)[1], ("k_ptr", "k_stride", "cache_ptr", "page_stride"))
@@ -1749,7 +1746,7 @@ def _register_aot() -> None:
         for fnuz in flavours:
             for targets, soft, flav in vendors:
                 add(_gather_kernel, f"{rec},{'fnuz' if fnuz else 'ocp'},{flav}{',il' * il}", gat_t, dict(
-                    block_size=AOT_BLOCK_SIZE, REC=rec, HAS_GL=True, TAIL_I16=True, FNUZ=fnuz, SOFT=soft,
+                    block_size=AOT_BLOCK_SIZE, REC=rec, **_geometry(rec), HAS_GL=True, TAIL_I16=True, FNUZ=fnuz, SOFT=soft,
                     BLOCK_T=_shape("gather", rec)[0], INTERLEAVED=il), targets, _shape("gather", rec)[1],
                     ("out_ptr", "out_s0", "out_s1", "cache_ptr", "page_stride"))
 

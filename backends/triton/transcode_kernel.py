@@ -23,16 +23,17 @@ import torch
 import triton
 import triton.language as tl
 
+from dsv41.formats import RECORDS
+
 from . import launch
 
 __all__ = ["transcode_k_cache"]
 
 # width -> (VB value bytes, SB scale bytes, NG fp8 groups, G bytes per group, TAIL verbatim
-#           value bytes after the groups, FP32 scale)
+#           value bytes after the groups, FP32 scale), from the records of dsv41.formats
 _RECORDS = {
-    584: (576, 8, 7, 64, 128, False),
-    528: (512, 16, 16, 32, 0, False),
-    132: (128, 4, 1, 128, 0, True),
+    w: (r.value_bytes, r.scale_bytes, r.n_groups, r.group, 2 * r.bf16_dims, r.scale == "fp32")
+    for w, r in RECORDS.items() if r.holds_fp8
 }
 _TILE_ELEMS = 4096  # value bytes (incl. masked group padding) per program
 
