@@ -22,8 +22,8 @@ inline int64_t load_idx(const void* p, int64_t i, int64_t stride, int32_t is64) 
 template <typename V, typename M>
 bool any_outside_t(const V* v, int64_t n, int64_t lo, int64_t hi, bool skip_negative,
                    const M* mask) {
-    // x in [lo, hi) <=> (unsigned)(x - lo) < hi - lo; integer accumulators (not bool) so the
-    // loops vectorize
+    // x in [lo, hi) <=> (unsigned)x - (unsigned)lo < hi - lo (wrapping, so no signed
+    // overflow); integer accumulators (not bool) so the loops vectorize
     const uint64_t span = static_cast<uint64_t>(hi - lo);
     uint64_t bad = 0;
     if (skip_negative && mask) {
@@ -35,12 +35,13 @@ bool any_outside_t(const V* v, int64_t n, int64_t lo, int64_t hi, bool skip_nega
         for (int64_t i = 0; i < n; ++i) bad |= static_cast<uint64_t>(static_cast<int64_t>(v[i]) >= hi);
     } else if (mask) {
         for (int64_t i = 0; i < n; ++i) {
-            const uint64_t d = static_cast<uint64_t>(static_cast<int64_t>(v[i]) - lo);
+            const uint64_t d = static_cast<uint64_t>(static_cast<int64_t>(v[i])) - static_cast<uint64_t>(lo);
             bad |= static_cast<uint64_t>((mask[i] >= 0) & (d >= span));
         }
     } else {
         for (int64_t i = 0; i < n; ++i)
-            bad |= static_cast<uint64_t>(static_cast<uint64_t>(static_cast<int64_t>(v[i]) - lo) >= span);
+            bad |= static_cast<uint64_t>(
+                static_cast<uint64_t>(static_cast<int64_t>(v[i])) - static_cast<uint64_t>(lo) >= span);
     }
     return bad != 0;
 }
