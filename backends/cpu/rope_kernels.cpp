@@ -285,11 +285,11 @@ void dsv41_fused_save_compress_norm(
             const bool has_prev = first && prev_rows && req < prev_idx_n;
             const int64_t pi = has_prev ? load_index(prev_idx, req, prev_idx_s0, prev_idx_is64 != 0) : -1;
             if (pi >= 0) {
-                if (pi >= prev_n) continue;  // outside prev_rows (out of contract)
+                if (pi >= prev_n) continue;  // outside prev_rows: rejected by the pre-scan (bounds.cpp) first
                 older = prev_rows + pi * prev_s0;
             } else if (first) {
                 const int64_t blk = s / cap;
-                if (blk >= st_blocks) continue;  // outside the ring (out of contract)
+                if (blk >= st_blocks) continue;  // outside the ring: rejected by the pre-scan first
                 older = state + blk * st_s0 + floor_mod(p - 1, cap) * st_s1;
             } else {
                 const int64_t prev = t - 1 >= 0 ? t - 1 : rows - 1;  // torch's index -1

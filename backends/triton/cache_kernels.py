@@ -35,7 +35,9 @@ the full record (2-D / 4-D tiles, one load per input byte; where no compress rat
 a token, input rows load for every ``t < T`` so the loads do not wait for the slot load,
 and rows of skipped tokens are read but never stored); slot -> page / offset in int32 (a
 slot of a cache that fits in memory is < 2^31), byte offsets in int64; every store is
-masked to the slots given.
+masked to the slots given.  An index outside its tensor (slot, block id, length, request
+index) skips its token or row and a position is clamped into the cos/sin table, so no input
+makes a kernel read or write outside the tensors given (docs/bad_input.md).
 
 Op -> launcher:
   quantize_and_insert_k_cache   -> quantize_and_insert_k_cache
