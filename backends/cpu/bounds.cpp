@@ -9,15 +9,14 @@
 // Index vectors are int32 or int64 with an element stride; every comparison is done in
 // int64, so no value (int32 min, 2^31 - 1, 2^32 + 5) can wrap around.
 
-#include <cstdint>
 #include <climits>
+#include <cstdint>
+
+#include "common.h"
 
 namespace {
 
-inline int64_t load_idx(const void* p, int64_t i, int64_t stride, int32_t is64) {
-    return is64 ? static_cast<const int64_t*>(p)[i * stride]
-                : static_cast<int64_t>(static_cast<const int32_t*>(p)[i * stride]);
-}
+using dsv41cpu::load_index;
 
 template <typename V, typename M>
 bool any_outside_t(const V* v, int64_t n, int64_t lo, int64_t hi, bool skip_negative,
@@ -75,9 +74,9 @@ int64_t dsv41_first_outside(const void* v, int32_t v64, int64_t vs, int64_t n, i
     const bool flat = vs == 1 && (!mask || ms == 1);
     if (flat && !any_outside(v, v64, n, lo, hi, skip_negative != 0, mask, m64)) return -1;
     for (int64_t i = 0; i < n; ++i) {
-        const int64_t x = load_idx(v, i, vs, v64);
+        const int64_t x = load_index(v, i, vs, v64);
         if (skip_negative && x < 0) continue;
-        if (mask && load_idx(mask, i, ms, m64) < 0) continue;
+        if (mask && load_index(mask, i, ms, m64) < 0) continue;
         if (x < lo || x >= hi) return i;
     }
     return -1;
@@ -94,15 +93,15 @@ int64_t dsv41_gather_first_bad(const void* seq, int32_t seq64, int64_t seq_s,
                                int64_t offset, int64_t out_rows) {
     if (block_size <= 0) return R > 0 ? 0 : -1;
     for (int64_t r = 0; r < R; ++r) {
-        const int64_t L = load_idx(seq, r, seq_s, seq64);
-        const int64_t n = glen ? load_idx(glen, r, glen_s, glen64) : L;
+        const int64_t L = load_index(seq, r, seq_s, seq64);
+        const int64_t n = glen ? load_index(glen, r, glen_s, glen64) : L;
         if (L < 0 || n < 0 || n > L) return r;
         if (offset < 0 || n > out_rows - offset) return r;
         if (n == 0) continue;
         const int64_t first = (L - n) / block_size, last = (L - 1) / block_size;
         if (last >= width) return r;
         for (int64_t j = first; j <= last; ++j) {
-            const int64_t b = load_idx(bt, r * bt_s0 + j * bt_s1, 1, bt64);
+            const int64_t b = load_index(bt, r * bt_s0 + j * bt_s1, 1, bt64);
             if (b < 0 || b >= num_blocks) return r;
         }
     }
@@ -122,19 +121,19 @@ int64_t dsv41_save_first_bad(const void* slot, int32_t s64, int64_t s_s, int64_t
                              const void* prev_idx, int32_t pi64, int64_t pi_s, int64_t pi_n,
                              int64_t prev_n) {
     for (int64_t i = 0; i <= R; ++i) {
-        const int64_t q = load_idx(qsl, i, q_s, q64);
+        const int64_t q = load_index(qsl, i, q_s, q64);
         if (q < 0 || q > T) return T + R;
     }
     for (int64_t t = 0; t < T; ++t) {
-        const int64_t s = load_idx(slot, t, s_s, s64);
+        const int64_t s = load_index(slot, t, s_s, s64);
         if (s < 0) continue;
-        const int64_t req = load_idx(t2r, t, r_s, r64);
-        const int64_t p = load_idx(pos, t, p_s, p64);
+        const int64_t req = load_index(t2r, t, r_s, r64);
+        const int64_t p = load_index(pos, t, p_s, p64);
         if (s >= ring_slots || req < 0 || req >= R || p < 0 || p > INT32_MAX) return t;
     }
     if (prev_idx)
         for (int64_t i = 0; i < R && i < pi_n; ++i)
-            if (load_idx(prev_idx, i, pi_s, pi64) >= prev_n) return T + i;
+            if (load_index(prev_idx, i, pi_s, pi64) >= prev_n) return T + i;
     return -1;
 }
 

@@ -7,6 +7,7 @@
 //
 // What it offers (namespace dsv41cpu):
 //   bits / from_bits              float <-> uint32 bit casts
+//   load_index(p, i, stride, is64) element i of an int32 / int64 index vector, as int64
 //   bf16_to_f32(u16)              exact widening
 //   f32_to_bf16_rne_nan(f, nanb)  RNE; every NaN -> the bf16 bits nanb
 //   f32_to_bf16_rne_canon(f)      RNE; every NaN -> 0x7FFF (the GPU's canonical NaN, finding 3)
@@ -462,5 +463,11 @@ static inline __m512i v16_ceil_log2_pos(__m512 r, const uint32_t* thr) {
     return _mm512_mask_add_epi32(e, _mm512_cmpgt_epu32_mask(j, t), e, v16_u32(1));
 }
 #endif  // DSV41_CPU_AVX512
+
+// Element i (element stride ``stride``) of an int32 or int64 index vector, widened to int64.
+inline int64_t load_index(const void* p, int64_t i, int64_t stride, bool is64) {
+    return is64 ? static_cast<const int64_t*>(p)[i * stride]
+                : static_cast<int64_t>(static_cast<const int32_t*>(p)[i * stride]);
+}
 
 }  // namespace dsv41cpu

@@ -48,10 +48,6 @@ namespace {
 
 constexpr int64_t kParallelMinBytes = 1 << 16;  // below this much work: one thread
 
-inline int64_t load_index(const void* p, int64_t i, int64_t stride, bool is64) {
-    return is64 ? ((const int64_t*)p)[i * stride] : (int64_t)((const int32_t*)p)[i * stride];
-}
-
 inline float load_float(const void* p, int64_t i, bool is_bf16) {
     return is_bf16 ? bf16_to_f32(((const uint16_t*)p)[i]) : ((const float*)p)[i];
 }
