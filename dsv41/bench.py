@@ -9,8 +9,13 @@ preallocated once.  Reported per row:
 * ``seconds``: median over timed calls after warm-up (CPU ``perf_counter``;
   GPU events around each call, each call preceded by an L2 eviction and a short
   device sleep, so the events see a cold L2 and no host launch gap);
-* ``host_seconds`` (GPUs, tokens <= 64): host time per call of the kernel
-  function (launch path and argument handling), calls enqueued back to back;
+* ``host_seconds`` (tokens <= 64): wall time per call of the kernel function, calls made
+  back to back (on GPUs the launch path and argument handling: the device never makes the
+  host wait; on the CPU the kernel's work included);
+* ``host_public_seconds`` (tokens <= 64, the implementation the registry selects): the same
+  for the public function with vLLM's signature on the same arguments
+  (``dsv41.public_calls``): argument checks, output allocation and dispatch included, so
+  ``host_public_seconds - host_seconds`` is what a public call adds to its kernel;
 * ``graph_seconds`` (CUDA, tokens <= 64): median per-call time of CUDA-graph
   replay (``GRAPH_CALLS`` calls captured in one graph);
 * ``bytes``: what the op must read and write by its contract (payload, index
@@ -45,6 +50,7 @@ import torch
 
 from . import platform as _platform
 from . import registry
+from .public_calls import public_call
 from .formats import DEFAULT_V41_LAYOUT, interleaved_for
 
 __all__ = ["DEFAULT_TOKENS_CPU", "DEFAULT_TOKENS_GPU", "VARIANTS", "main"]
@@ -658,6 +664,14 @@ def _implementations(op: str, plat, device_type: str) -> tuple[list[Impl], dict]
     return impls, why_not
 
 
+def _selected(op: str, device_type: str):
+    """The kernel the public function of ``op`` runs on ``device_type`` (None if none)."""
+    try:
+        return registry.kernel(op, device_type)
+    except registry.BackendUnavailable:
+        return None
+
+
 class _Progress:
     """A plain-text progress bar on stderr (one line per step when stderr is not a terminal)."""
 
@@ -745,7 +759,7 @@ def _fmt(x, spec):
 
 def _table(records: list[dict]) -> str:
     head = ("op", "backend", "tokens", "frac_copy", "graph_frac", "vs_ref", "us", "graph_us", "host_us",
-            "GB/s", "copy_GB/s")
+            "call_us", "GB/s", "copy_GB/s")
     rows = [
         (
             r["name"],
@@ -757,6 +771,7 @@ def _table(records: list[dict]) -> str:
             _fmt(r["seconds"] * 1e6, ".1f"),
             _fmt(None if r["graph_seconds"] is None else r["graph_seconds"] * 1e6, ".2f"),
             _fmt(None if r.get("host_seconds") is None else r["host_seconds"] * 1e6, ".1f"),
+            _fmt(None if r.get("host_public_seconds") is None else r["host_public_seconds"] * 1e6, ".1f"),
             _fmt(r["gbps"], ".2f"),
             _fmt(r["copy_gbps"], ".2f"),
         )
@@ -965,9 +980,12 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     call = functools.partial(impl.fn, *case.args)
                     sec, n = timer.eager(call)
-                    gsec = hsec = None
-                    if accel and t <= DECODE_MAX:
+                    gsec = hsec = psec = None
+                    if t <= DECODE_MAX:
                         hsec = timer.host(call)
+                        if impl.fn is _selected(v.op, dev_type):
+                            fn, pargs, pkw = public_call(v.op, case.args)
+                            psec = timer.host(functools.partial(fn, *pargs, **pkw))
                     if use_graph and t <= DECODE_MAX:
                         try:
                             gsec = timer.graph(call)
@@ -1009,6 +1027,7 @@ def main(argv: list[str] | None = None) -> int:
                         "copy_graph_seconds": copy_gsec,
                         "graph_fraction_of_copy": (copy_gsec / gsec) if gsec and copy_gsec else None,
                         "host_seconds": hsec,
+                        "host_public_seconds": psec,
                         "timed_calls": n,
                         "device": device_label,
                     }

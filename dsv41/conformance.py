@@ -21,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from . import op_specs
 from .formats import RECORDS
 
 __all__ = ["Case", "CASES", "cases_for", "clone_args", "written_bytes", "PIPELINE"]
@@ -34,7 +35,13 @@ class Case:
     op: str
     name: str
     build: Callable  # (device) -> list of kernel args
-    writes: tuple  # indices of the args the kernel writes
+    # positions of the args the kernel writes; by default every tensor its declaration
+    # (dsv41.op_specs) marks as written, a subset where this case's mode writes fewer
+    writes: tuple | None = None
+
+    def __post_init__(self):
+        if self.writes is None:
+            object.__setattr__(self, "writes", op_specs.spec(self.op).writes)
 
     @property
     def id(self) -> str:
@@ -521,11 +528,11 @@ def _transcode_cases() -> list:
     for w in _FP8_WIDTHS:
         for s, d in ((False, True), (True, False)):
             tag = f"{w}-{'fnuz' if s else 'ocp'}-to-{'fnuz' if d else 'ocp'}"
-            out.append(Case(_TRANSCODE, tag, _transcode(w, s, d), (1,)))
-        out.append(Case(_TRANSCODE, f"{w}-fnuz-to-ocp-b5-nopad-i64", _transcode(w, True, False, block_size=5, pad=0, ids_dtype=torch.int64), (1,)))
-        out.append(Case(_TRANSCODE, f"{w}-identity", _transcode(w, True, True), (1,)))
-    out.append(Case(_TRANSCODE, "132-tiled-ocp-to-fnuz", _transcode(132, False, True, tiled=True), (1,)))
-    out.append(Case(_TRANSCODE, "132-tiled-fnuz-to-ocp-b32", _transcode(132, True, False, block_size=32, tiled=True), (1,)))
+            out.append(Case(_TRANSCODE, tag, _transcode(w, s, d)))
+        out.append(Case(_TRANSCODE, f"{w}-fnuz-to-ocp-b5-nopad-i64", _transcode(w, True, False, block_size=5, pad=0, ids_dtype=torch.int64)))
+        out.append(Case(_TRANSCODE, f"{w}-identity", _transcode(w, True, True)))
+    out.append(Case(_TRANSCODE, "132-tiled-ocp-to-fnuz", _transcode(132, False, True, tiled=True)))
+    out.append(Case(_TRANSCODE, "132-tiled-fnuz-to-ocp-b32", _transcode(132, True, False, block_size=32, tiled=True)))
     return out
 
 
@@ -535,97 +542,97 @@ def _all_cases() -> list[Case]:
     for w in (584, 528):
         for fnuz in (False, True):
             f = "fnuz" if fnuz else "ocp"
-            A(Case("quantize_and_insert_k_cache", f"{w}-{f}", _quant_insert(w, fnuz), (1,)))
-            A(Case("quantize_and_insert_k_cache", f"{w}-{f}-nonfinite", _quant_insert(w, fnuz, nonfinite=True), (1,)))
-            A(Case("quantize_and_insert_k_cache", f"{w}-{f}-b16-nopad", _quant_insert(w, fnuz, block_size=16, pad=0, n=50), (1,)))
-        A(Case("quantize_and_insert_k_cache", f"{w}-empty", _quant_insert(w, False, n=0), (1,)))
+            A(Case("quantize_and_insert_k_cache", f"{w}-{f}", _quant_insert(w, fnuz)))
+            A(Case("quantize_and_insert_k_cache", f"{w}-{f}-nonfinite", _quant_insert(w, fnuz, nonfinite=True)))
+            A(Case("quantize_and_insert_k_cache", f"{w}-{f}-b16-nopad", _quant_insert(w, fnuz, block_size=16, pad=0, n=50)))
+        A(Case("quantize_and_insert_k_cache", f"{w}-empty", _quant_insert(w, False, n=0)))
     for w in (584, 528, 288):
         for fnuz in ((False, True) if w != 288 else (False,)):
             f = "fnuz" if fnuz else "ocp"
-            A(Case("dequantize_and_gather_k_cache", f"{w}-{f}-full", _gather(w, fnuz), (0,)))
-            A(Case("dequantize_and_gather_k_cache", f"{w}-{f}-partial", _gather(w, fnuz, partial=True), (0,)))
-        A(Case("dequantize_and_gather_k_cache", f"{w}-noncontig-table", _gather(w, False, noncontig=True), (0,)))
-        A(Case("dequantize_and_gather_k_cache", f"{w}-b16", _gather(w, False, block_size=16, partial=True), (0,)))
+            A(Case("dequantize_and_gather_k_cache", f"{w}-{f}-full", _gather(w, fnuz)))
+            A(Case("dequantize_and_gather_k_cache", f"{w}-{f}-partial", _gather(w, fnuz, partial=True)))
+        A(Case("dequantize_and_gather_k_cache", f"{w}-noncontig-table", _gather(w, False, noncontig=True)))
+        A(Case("dequantize_and_gather_k_cache", f"{w}-b16", _gather(w, False, block_size=16, partial=True)))
     # vLLM 0.33's interleaved V4.1 records (dsv41.formats)
     for fnuz in (False, True):
         f = "fnuz" if fnuz else "ocp"
-        A(Case("quantize_and_insert_k_cache", f"528-{f}-interleaved", _quant_insert(528, fnuz, interleaved=True), (1,)))
+        A(Case("quantize_and_insert_k_cache", f"528-{f}-interleaved", _quant_insert(528, fnuz, interleaved=True)))
     A(Case("quantize_and_insert_k_cache", "528-interleaved-b16-nopad",
-           _quant_insert(528, False, block_size=16, pad=0, n=50, interleaved=True), (1,)))
+           _quant_insert(528, False, block_size=16, pad=0, n=50, interleaved=True)))
     for w in (528, 288):
-        A(Case("dequantize_and_gather_k_cache", f"{w}-interleaved-full", _gather(w, False, interleaved=True), (0,)))
+        A(Case("dequantize_and_gather_k_cache", f"{w}-interleaved-full", _gather(w, False, interleaved=True)))
         A(Case("dequantize_and_gather_k_cache", f"{w}-interleaved-partial",
-               _gather(w, False, partial=True, interleaved=True), (0,)))
+               _gather(w, False, partial=True, interleaved=True)))
         A(Case("dequantize_and_gather_k_cache", f"{w}-interleaved-noncontig-table",
-               _gather(w, False, noncontig=True, interleaved=True), (0,)))
+               _gather(w, False, noncontig=True, interleaved=True)))
         A(Case("dequantize_and_gather_k_cache", f"{w}-interleaved-b16",
-               _gather(w, False, block_size=16, partial=True, interleaved=True), (0,)))
+               _gather(w, False, block_size=16, partial=True, interleaved=True)))
     A(Case("dequantize_and_gather_k_cache", "528-fnuz-interleaved-partial",
-           _gather(528, True, partial=True, interleaved=True), (0,)))
-    A(Case("compute_global_topk_indices_and_lens", "basic", _global_topk(), (5, 6)))
-    A(Case("compute_global_topk_indices_and_lens", "wide-1030", _global_topk(k=1030, noncontig=False), (5, 6)))
-    A(Case("compute_global_topk_indices_and_lens", "empty", _global_topk(n=0), (5, 6)))
-    A(Case("compute_global_topk_indices_and_lens", "compact", _global_topk(compact=True), (5, 6)))
-    A(Case("compute_global_topk_indices_and_lens", "out-of-table", _global_topk(oob=True), (5, 6)))
-    A(Case("compute_global_topk_indices_and_lens", "out-of-table-compact", _global_topk(oob=True, compact=True), (5, 6)))
+           _gather(528, True, partial=True, interleaved=True)))
+    A(Case("compute_global_topk_indices_and_lens", "basic", _global_topk()))
+    A(Case("compute_global_topk_indices_and_lens", "wide-1030", _global_topk(k=1030, noncontig=False)))
+    A(Case("compute_global_topk_indices_and_lens", "empty", _global_topk(n=0)))
+    A(Case("compute_global_topk_indices_and_lens", "compact", _global_topk(compact=True)))
+    A(Case("compute_global_topk_indices_and_lens", "out-of-table", _global_topk(oob=True)))
+    A(Case("compute_global_topk_indices_and_lens", "out-of-table-compact", _global_topk(oob=True, compact=True)))
     A(Case("compute_global_topk_indices_and_lens", "wide-1030-out-of-table-compact",
-           _global_topk(k=1030, noncontig=False, oob=True, compact=True, seed=7), (5, 6)))
-    A(Case("compute_global_topk_indices_and_lens", "width-0-compact", _global_topk(width=0, compact=True), (5, 6)))
-    A(Case("compute_global_topk_indices_and_lens", "empty-compact", _global_topk(n=0, compact=True), (5, 6)))
-    A(Case("combine_topk_swa_indices", "cr4", _combine(4, 50), (9, 10)))
-    A(Case("combine_topk_swa_indices", "cr0-swa-only", _combine(0, 0), (9, 10)))
-    A(Case("combine_topk_swa_indices", "cr1-not-rebased", _combine(1, 64, rebased=False), (9, 10)))
-    A(Case("build_flashinfer_mixed_sparse_indices", "global", _flashinfer(), (19, 20)))
-    A(Case("build_flashinfer_mixed_sparse_indices", "global-nolens", _flashinfer(lens=False), (19, 20)))
-    A(Case("build_flashinfer_mixed_sparse_indices", "local-span", _flashinfer(local=True, spans=(80, 70)), (19, 20)))
-    A(Case("build_flashinfer_mixed_sparse_indices", "no-decode-compressed", _flashinfer(decode_comp=False), (19, 20)))
-    A(Case("build_flashinfer_mixed_sparse_indices", "decode-only", _flashinfer(p=0), (19, 20)))
-    A(Case("build_flashinfer_mixed_sparse_indices", "prefill-only", _flashinfer(d=0, decode_comp=False), (19, 20)))
+           _global_topk(k=1030, noncontig=False, oob=True, compact=True, seed=7)))
+    A(Case("compute_global_topk_indices_and_lens", "width-0-compact", _global_topk(width=0, compact=True)))
+    A(Case("compute_global_topk_indices_and_lens", "empty-compact", _global_topk(n=0, compact=True)))
+    A(Case("combine_topk_swa_indices", "cr4", _combine(4, 50)))
+    A(Case("combine_topk_swa_indices", "cr0-swa-only", _combine(0, 0)))
+    A(Case("combine_topk_swa_indices", "cr1-not-rebased", _combine(1, 64, rebased=False)))
+    A(Case("build_flashinfer_mixed_sparse_indices", "global", _flashinfer()))
+    A(Case("build_flashinfer_mixed_sparse_indices", "global-nolens", _flashinfer(lens=False)))
+    A(Case("build_flashinfer_mixed_sparse_indices", "local-span", _flashinfer(local=True, spans=(80, 70))))
+    A(Case("build_flashinfer_mixed_sparse_indices", "no-decode-compressed", _flashinfer(decode_comp=False)))
+    A(Case("build_flashinfer_mixed_sparse_indices", "decode-only", _flashinfer(p=0)))
+    A(Case("build_flashinfer_mixed_sparse_indices", "prefill-only", _flashinfer(d=0, decode_comp=False)))
     A(Case("fused_save_compress_norm", "cr1", _save_compress(1), (9,)))
-    A(Case("fused_save_compress_norm", "cr2-ring", _save_compress(2), (2, 9)))
-    A(Case("fused_save_compress_norm", "cr2-boundary", _save_compress(2, seed=16, boundary=True), (2, 9)))
-    A(Case("fused_save_compress_norm", "cr2-prev-rows", _save_compress(2, prev=True), (2, 9)))
-    A(Case("fused_save_compress_norm", "cr2-boundary-prev-rows", _save_compress(2, seed=16, boundary=True, prev=True), (2, 9)))
-    A(Case("save_ring_rows", "basic", _save_ring_rows(), (2,)))
-    A(Case("save_ring_rows", "one-row", _save_ring_rows(n=3, seed=14), (2,)))
+    A(Case("fused_save_compress_norm", "cr2-ring", _save_compress(2)))
+    A(Case("fused_save_compress_norm", "cr2-boundary", _save_compress(2, seed=16, boundary=True)))
+    A(Case("fused_save_compress_norm", "cr2-prev-rows", _save_compress(2, prev=True)))
+    A(Case("fused_save_compress_norm", "cr2-boundary-prev-rows", _save_compress(2, seed=16, boundary=True, prev=True)))
+    A(Case("save_ring_rows", "basic", _save_ring_rows()))
+    A(Case("save_ring_rows", "one-row", _save_ring_rows(n=3, seed=14)))
     for kind in (584, 528, 288, "bf16", "fp8"):
         for cr in (1, 2):
-            A(Case("rope_quant_insert", f"{kind}-cr{cr}", _rope_insert(kind, cr), (3,)))
+            A(Case("rope_quant_insert", f"{kind}-cr{cr}", _rope_insert(kind, cr)))
     for kind in (584, 528, 288):
-        A(Case("rope_quant_insert", f"{kind}-nonfinite", _rope_insert(kind, 1, nonfinite=True), (3,)))
-        A(Case("rope_quant_insert", f"{kind}-sanitize", _rope_insert(kind, 1, sanitize=True, nonfinite=True), (3,)))
+        A(Case("rope_quant_insert", f"{kind}-nonfinite", _rope_insert(kind, 1, nonfinite=True)))
+        A(Case("rope_quant_insert", f"{kind}-sanitize", _rope_insert(kind, 1, sanitize=True, nonfinite=True)))
     for kind in (528, 288):
         for cr in (1, 2):
-            A(Case("rope_quant_insert", f"{kind}-interleaved-cr{cr}", _rope_insert(kind, cr, interleaved=True), (3,)))
+            A(Case("rope_quant_insert", f"{kind}-interleaved-cr{cr}", _rope_insert(kind, cr, interleaved=True)))
         A(Case("rope_quant_insert", f"{kind}-interleaved-sanitize",
-               _rope_insert(kind, 1, sanitize=True, nonfinite=True, interleaved=True), (3,)))
-    A(Case("rope_quant_insert", "528-bf16-cos-sin", _rope_insert(528, 1, cs_dtype=BF16), (3,)))
-    A(Case("rope_quant_insert", "528-large-positions", _rope_insert(528, 2, large_pos=True), (3,)))
+               _rope_insert(kind, 1, sanitize=True, nonfinite=True, interleaved=True)))
+    A(Case("rope_quant_insert", "528-bf16-cos-sin", _rope_insert(528, 1, cs_dtype=BF16)))
+    A(Case("rope_quant_insert", "528-large-positions", _rope_insert(528, 2, large_pos=True)))
     for fp4 in (False, True):
         for tiled in (False, True):
             for cr in (1, 2):
                 A(Case("indexer_k_norm_rope_store", f"{'mxfp4' if fp4 else 'fp8'}-{'tiled' if tiled else 'rows'}-cr{cr}",
-                       _indexer_k(fp4, tiled, cr, n_per_tile=16 if fp4 and tiled else 0), (5,)))
-    A(Case("indexer_k_norm_rope_store", "mxfp4-tiled-n64", _indexer_k(True, True, 1, n_per_tile=64), (5,)))
+                       _indexer_k(fp4, tiled, cr, n_per_tile=16 if fp4 and tiled else 0)))
+    A(Case("indexer_k_norm_rope_store", "mxfp4-tiled-n64", _indexer_k(True, True, 1, n_per_tile=64)))
     for fp4 in (False, True):  # eps 0: an all-zero key normalizes to 0 * inf = NaN (+NaN as on GPUs)
-        A(Case("indexer_k_norm_rope_store", f"{'mxfp4' if fp4 else 'fp8'}-rows-eps0", _indexer_k(fp4, False, 1, eps=0.0), (5,)))
+        A(Case("indexer_k_norm_rope_store", f"{'mxfp4' if fp4 else 'fp8'}-rows-eps0", _indexer_k(fp4, False, 1, eps=0.0)))
     A(Case("fused_indexer_q_rope_quant", "fp8-ocp", _indexer_q(False), (8, 10)))
     A(Case("fused_indexer_q_rope_quant", "fp8-fnuz", _indexer_q(False, fnuz=True), (8, 10)))
     A(Case("fused_indexer_q_rope_quant", "fp8-bf16-cos-sin", _indexer_q(False, cs_dtype=BF16), (8, 10)))
-    A(Case("fused_indexer_q_rope_quant", "mxfp4", _indexer_q(True), (8, 9, 10)))
-    A(Case("fused_indexer_q_rope_quant", "mxfp4-bf16-weights", _indexer_q(True, weights_bf16=True), (8, 9, 10)))
-    A(Case("fused_inv_rope_fp8_quant", "fp32-scales", _inv_rope(), (11, 12)))
-    A(Case("fused_inv_rope_fp8_quant", "tma-packed", _inv_rope(tma=True), (11, 12)))
-    A(Case("fused_inv_rope_fp8_quant", "no-quant", _inv_rope(quantize=False), (11, 12)))
-    A(Case("fused_inv_rope_fp8_quant", "qgs32", _inv_rope(qgs=32), (11, 12)))
-    A(Case("fused_inv_rope_fp8_quant", "permuted", _inv_rope(qgs=32, tma=True, permuted=True), (11, 12)))
-    A(Case("fused_inv_rope_fp8_quant", "t8-no-pad", _inv_rope(t=8), (11, 12)))
+    A(Case("fused_indexer_q_rope_quant", "mxfp4", _indexer_q(True)))
+    A(Case("fused_indexer_q_rope_quant", "mxfp4-bf16-weights", _indexer_q(True, weights_bf16=True)))
+    A(Case("fused_inv_rope_fp8_quant", "fp32-scales", _inv_rope()))
+    A(Case("fused_inv_rope_fp8_quant", "tma-packed", _inv_rope(tma=True)))
+    A(Case("fused_inv_rope_fp8_quant", "no-quant", _inv_rope(quantize=False)))
+    A(Case("fused_inv_rope_fp8_quant", "qgs32", _inv_rope(qgs=32)))
+    A(Case("fused_inv_rope_fp8_quant", "permuted", _inv_rope(qgs=32, tma=True, permuted=True)))
+    A(Case("fused_inv_rope_fp8_quant", "t8-no-pad", _inv_rope(t=8)))
     # one token (batch-1 decode), scales padded to 4 rows
-    A(Case("fused_inv_rope_fp8_quant", "t1-decode", _inv_rope(tma=True, t=1, seed=12), (11, 12)))
-    A(Case("fused_q_kv_rmsnorm_quant", "t5", _qkv_norm(5), (5, 6, 7)))
-    A(Case("fused_q_kv_rmsnorm_quant", "t130-two-tiles", _qkv_norm(130, qs=1024, ks=448), (5, 6, 7)))
-    A(Case("pad_fused_q_heads", "8to16", _pad_q(3, 8, 16), (1,)))
-    A(Case("pad_fused_q_heads", "5to32", _pad_q(2, 5, 32), (1,)))
+    A(Case("fused_inv_rope_fp8_quant", "t1-decode", _inv_rope(tma=True, t=1, seed=12)))
+    A(Case("fused_q_kv_rmsnorm_quant", "t5", _qkv_norm(5)))
+    A(Case("fused_q_kv_rmsnorm_quant", "t130-two-tiles", _qkv_norm(130, qs=1024, ks=448)))
+    A(Case("pad_fused_q_heads", "8to16", _pad_q(3, 8, 16)))
+    A(Case("pad_fused_q_heads", "5to32", _pad_q(2, 5, 32)))
     c.extend(_transcode_cases())
     return c
 

@@ -49,10 +49,13 @@ group for the duplicate check) are not checked beyond what the kernel reads.
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 
 import torch
+
+from . import op_specs
 
 __all__ = [
     "ENFORCED_OPS",
@@ -63,12 +66,10 @@ __all__ = [
     "check_dequantize_and_gather_k_cache",
     "check_fused_indexer_q_rope_quant",
     "check_fused_inv_rope_fp8_quant",
-    "check_fused_q_kv_rmsnorm_quant",
     "check_fused_save_compress_norm",
     "check_save_ring_rows",
     "check_indexer_k_norm_rope_store",
     "check_kernel_args",
-    "check_pad_fused_q_heads",
     "check_quantize_and_insert_k_cache",
     "check_rope_quant_insert",
     "check_transcode_k_cache",
@@ -104,11 +105,7 @@ _enforcing = threading.local()
 # Ops whose out-of-range indices are errors.  The index builders define a result for every
 # index (a read outside the block table gives the entry -1) and transcode_k_cache skips ids
 # outside either cache, so they have nothing to enforce.
-ENFORCED_OPS = frozenset({
-    "quantize_and_insert_k_cache", "dequantize_and_gather_k_cache", "fused_save_compress_norm",
-    "save_ring_rows", "rope_quant_insert", "indexer_k_norm_rope_store", "fused_indexer_q_rope_quant",
-    "fused_inv_rope_fp8_quant",
-})
+ENFORCED_OPS = frozenset(s.name for s in op_specs.SPECS if s.enforced)
 
 
 def enforce(op: str, args: list) -> None:
@@ -598,53 +595,34 @@ def check_transcode_k_cache(src, dst, block_ids) -> None:
     ch.run()
 
 
-# --------------------------------------------------------------------------- no index arguments
-
-
-def check_fused_q_kv_rmsnorm_quant(qr, kv) -> None:
-    """No index arguments: nothing to check (kept so every op has its check)."""
-    return
-
-
-def check_pad_fused_q_heads(q, padded_heads) -> None:
-    """No index arguments: nothing to check (kept so every op has its check)."""
-    return
-
-
 # --------------------------------------------------------------------------- kernel-contract arguments
 
 
-def check_kernel_args(op: str, args: list) -> None:
-    """Run ``check_<op>`` on the positional kernel arguments of ``op``
-    (docs/kernel_contract.md), e.g. a conformance case; honours ``DSV41_VALIDATE``."""
-    a = args
-    if op == "quantize_and_insert_k_cache":
-        check_quantize_and_insert_k_cache(a[0], a[1], a[2], a[3])
-    elif op == "dequantize_and_gather_k_cache":
-        check_dequantize_and_gather_k_cache(*a[:7])
-    elif op == "compute_global_topk_indices_and_lens":
-        check_compute_global_topk_indices_and_lens(*a[:5])
-    elif op == "combine_topk_swa_indices":
-        check_combine_topk_swa_indices(*a[:9])
-    elif op == "build_flashinfer_mixed_sparse_indices":
-        check_build_flashinfer_mixed_sparse_indices(*a[:16], replay_start=a[18])
-    elif op == "fused_save_compress_norm":
-        check_fused_save_compress_norm(a[1], a[2], a[3], a[4], a[5], a[8], *a[10:12])
-    elif op == "save_ring_rows":
-        check_save_ring_rows(a[0], a[1], a[2])
-    elif op == "rope_quant_insert":
-        check_rope_quant_insert(a[1], a[2], a[3], a[4], a[5])
-    elif op == "indexer_k_norm_rope_store":
-        check_indexer_k_norm_rope_store(a[1], a[2], a[5], a[6], a[7])
-    elif op == "fused_indexer_q_rope_quant":
-        check_fused_indexer_q_rope_quant(a[0], a[1], a[2])
-    elif op == "fused_inv_rope_fp8_quant":
-        check_fused_inv_rope_fp8_quant(a[0], a[1], a[2])
-    elif op == "fused_q_kv_rmsnorm_quant":
-        check_fused_q_kv_rmsnorm_quant(a[0], a[1])
-    elif op == "pad_fused_q_heads":
-        check_pad_fused_q_heads(a[0], a[1].shape[1])
-    elif op == "transcode_k_cache":
-        check_transcode_k_cache(a[0], a[1], a[2])
-    else:
-        raise KeyError(f"unknown op {op!r}")
+def _bind(op: str):
+    """``(check function, (name, position) of each of its parameters among the kernel
+    arguments)`` from the op's declaration (``dsv41.op_specs``): a check takes the kernel
+    arguments it names."""
+    hit = _bound.get(op)
+    if hit is None:
+        s = op_specs.spec(op)
+        if s.index_check is None:
+            hit = (None, ())
+        else:
+            fn = globals()[s.index_check]
+            params = list(inspect.signature(fn).parameters)
+            hit = (fn, tuple((p, s.position(p)) for p in params))
+        _bound[op] = hit
+    return hit
+
+
+_bound: dict = {}
+
+
+def check_kernel_args(op: str, args) -> None:
+    """Run the index check of ``op`` on its positional kernel arguments
+    (docs/kernel_contract.md), e.g. a conformance case; honours ``DSV41_VALIDATE``.  Trailing
+    arguments left out take the check's defaults."""
+    fn, where = _bind(op)
+    if fn is not None:
+        n = len(args)
+        fn(**{p: args[i] for p, i in where if i < n})

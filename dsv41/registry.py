@@ -22,6 +22,7 @@ import threading
 from typing import Callable
 
 from . import env as _env
+from . import op_specs as _op_specs
 from . import platform as _platform
 
 __all__ = [
@@ -38,23 +39,8 @@ __all__ = [
 
 log = logging.getLogger("dsv41")
 
-# Every dispatched op, in pipeline order.
-OPS = (
-    "quantize_and_insert_k_cache",
-    "dequantize_and_gather_k_cache",
-    "compute_global_topk_indices_and_lens",
-    "combine_topk_swa_indices",
-    "build_flashinfer_mixed_sparse_indices",
-    "fused_save_compress_norm",
-    "save_ring_rows",
-    "rope_quant_insert",
-    "indexer_k_norm_rope_store",
-    "fused_indexer_q_rope_quant",
-    "fused_inv_rope_fp8_quant",
-    "fused_q_kv_rmsnorm_quant",
-    "pad_fused_q_heads",
-    "transcode_k_cache",
-)
+# Every dispatched op, in pipeline order (declared in dsv41.op_specs).
+OPS = _op_specs.OPS
 
 
 class BackendUnavailable(RuntimeError):

@@ -102,6 +102,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import _calls
 from . import platform as _platform
 from . import index_checks as _ic
 from . import registry
@@ -112,30 +113,6 @@ __all__ = ["transcode_k_cache"]
 
 OP = "transcode_k_cache"
 FP8_WIDTHS = tuple(sorted(w for w, r in RECORDS.items() if r.holds_fp8))  # (132, 528, 584)
-
-
-# --------------------------------------------------------------------------------------
-# torch.ops.dsv41.transcode_k_cache (kernel contract: validated args, dst written in place)
-# --------------------------------------------------------------------------------------
-
-
-@torch.library.custom_op("dsv41::transcode_k_cache", mutates_args=("dst",))
-def _transcode_op(
-    src: Tensor,
-    dst: Tensor,
-    block_ids: Tensor,
-    block_size: int,
-    width: int,
-    src_fnuz: bool,
-    dst_fnuz: bool,
-    tiled: bool,
-) -> None:
-    registry.kernel(OP, dst.device.type)(src, dst, block_ids, block_size, width, src_fnuz, dst_fnuz, tiled)
-
-
-@_transcode_op.register_fake
-def _(*args, **kwargs):
-    return None
 
 
 # --------------------------------------------------------------------------------------
@@ -242,7 +219,7 @@ def transcode_k_cache(
         return
     _ic.check_transcode_k_cache(src, dst, block_ids)
     if not (src_il or dst_il):
-        torch.ops.dsv41.transcode_k_cache(src, dst, block_ids, block_size, width, src_fnuz, dst_fnuz, tiled)
+        _calls.ops.transcode_k_cache(src, dst, block_ids, block_size, width, src_fnuz, dst_fnuz, tiled)
         return
     _relayout_op(src, dst, block_ids, block_size, width, src_fnuz, dst_fnuz, src_il, dst_il)
 
@@ -285,7 +262,7 @@ def _relayout_op(
     if width in FP8_WIDTHS and src_fnuz != dst_fnuz:
         pages = paged.view(ids.numel(), block_size, width)
         local = torch.arange(ids.numel(), dtype=torch.int64, device=src.device)
-        torch.ops.dsv41.transcode_k_cache(pages, pages, local, block_size, width, src_fnuz, dst_fnuz, False)
+        _calls.ops.transcode_k_cache(pages, pages, local, block_size, width, src_fnuz, dst_fnuz, False)
     out = _pages(dst, block_size, width)
     rows = out[ids]
     rows[:, order_dst] = paged.to(dst.device)

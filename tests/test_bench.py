@@ -14,12 +14,12 @@ CHEAP_OPS = ("compute_global_topk_indices_and_lens", "combine_topk_swa_indices")
 KEYS = {
     "op", "variant", "name", "backend", "tokens", "seconds", "bytes", "gbps", "copy_gbps",
     "fraction_of_copy", "speedup_vs_reference", "graph_seconds", "copy_graph_seconds",
-    "graph_fraction_of_copy", "host_seconds",
+    "graph_fraction_of_copy", "host_seconds", "host_public_seconds",
     "timed_calls", "device",
 }
 POSITIVE = ("seconds", "bytes", "gbps", "copy_gbps", "fraction_of_copy")
 POSITIVE_OR_NULL = ("speedup_vs_reference", "graph_seconds", "copy_graph_seconds", "graph_fraction_of_copy",
-                    "host_seconds")
+                    "host_seconds", "host_public_seconds")
 
 
 def _positive(x) -> bool:
@@ -57,11 +57,17 @@ def test_bench_json_schema(tmp_path, capsys):
         else:
             assert _positive(r["speedup_vs_reference"])
     out = capsys.readouterr().out
-    assert "frac_copy" in out and "vs_ref" in out and "host_us" in out
+    assert "frac_copy" in out and "vs_ref" in out and "host_us" in out and "call_us" in out
     for op in CHEAP_OPS:
         assert op in out
-    # host time is a GPU figure (CPU calls are timed on the host already)
-    assert all(r["host_seconds"] is None for r in records if r["device"] == "cpu")
+    # decode sizes: wall time per call of the kernel on every implementation, and of the public
+    # function for the implementation the registry selects (the public call does more)
+    plat = bench._platform.probe()
+    for r in records:
+        assert _positive(r["host_seconds"])
+        kernels = {i.name: i.fn for i in bench._implementations(r["op"], plat, "cpu")[0]}
+        selected = kernels[r["backend"]] is bench.registry.kernel(r["op"], "cpu")
+        assert (r["host_public_seconds"] is not None) == selected, r["backend"]
 
 
 def test_bench_profile_needs_cuda(capsys):
