@@ -392,33 +392,12 @@ def build_flashinfer_mixed_sparse_indices(
     sparse_topk_lens = torch.empty((d + p,), dtype=I32, device=dev)
     if d + p == 0:
         return sparse_indices, sparse_topk_lens
-    _ic.check_build_flashinfer_mixed_sparse_indices(
+    args = (
         decode_swa_indices, decode_compressed_indices, decode_compressed_topk_lens, prefill_topk_indices,
         query_start_loc, seq_lens, token_to_req_indices, swa_block_table, swa_block_size, compressed_block_table,
         compressed_block_size, window_size, compress_ratio, topk, decode_compressed_indices_are_local,
-        decode_is_valid_token, replay_start=replay_start,
+        decode_is_valid_token, swa_span, comp_span, replay_start, sparse_indices, sparse_topk_lens,
     )
-    _ops.build_flashinfer_mixed_sparse_indices(
-        decode_swa_indices,
-        decode_compressed_indices,
-        decode_compressed_topk_lens,
-        prefill_topk_indices,
-        query_start_loc,
-        seq_lens,
-        token_to_req_indices,
-        swa_block_table,
-        swa_block_size,
-        compressed_block_table,
-        compressed_block_size,
-        window_size,
-        compress_ratio,
-        topk,
-        decode_compressed_indices_are_local,
-        decode_is_valid_token,
-        swa_span,
-        comp_span,
-        replay_start,
-        sparse_indices,
-        sparse_topk_lens,
-    )
+    _ic.check_kernel_args("build_flashinfer_mixed_sparse_indices", args)
+    _ops.build_flashinfer_mixed_sparse_indices(*args)
     return sparse_indices, sparse_topk_lens

@@ -105,7 +105,6 @@ from torch import Tensor
 from . import _calls
 from . import platform as _platform
 from . import index_checks as _ic
-from . import registry
 from ._validate import INT_INDEX, Check
 from .formats import DEFAULT_V41_LAYOUT, INDEXER_FP8, RECORDS, TILE, V41_LAYOUTS, V41_NVFP4, CacheLayout, interleaved_for
 

@@ -136,13 +136,7 @@ def _cos_sin_args(cos_sin_cache: torch.Tensor):
 
 
 def quantize_and_insert_k_cache(
-    k: torch.Tensor,
-    k_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    block_size: int,
-    use_fnuz: bool,
-    bytes_per_token: int,
-    interleaved: bool = False,
+    k, k_cache, slot_mapping, block_size, use_fnuz, bytes_per_token, interleaved=False,
 ) -> None:
     T = slot_mapping.shape[0]
     if T == 0:
@@ -165,15 +159,7 @@ def quantize_and_insert_k_cache(
 
 
 def dequantize_and_gather_k_cache(
-    out: torch.Tensor,
-    k_cache: torch.Tensor,
-    seq_lens: torch.Tensor,
-    gather_lens: torch.Tensor | None,
-    block_table: torch.Tensor,
-    block_size: int,
-    offset: int,
-    use_fnuz: bool,
-    interleaved: bool = False,
+    out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, use_fnuz, interleaved=False,
 ) -> None:
     if out.dtype != torch.bfloat16 or out.stride(-1) != 1:
         # Outside the contract (out is bf16 with a unit last stride): let the reference do it.
@@ -209,15 +195,8 @@ _RECORD_KIND = {584: 0, 528: 1, 288: 2}
 
 
 def rope_quant_insert(
-    latent: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    kv_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    compress_ratio: int,
-    fp8_scale: torch.Tensor | None,
-    sanitize_nans: bool,
-    interleaved: bool = False,
+    latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio, fp8_scale, sanitize_nans,
+    interleaved=False,
 ) -> None:
     T = slot_mapping.numel()
     if T == 0:
@@ -255,17 +234,8 @@ def rope_quant_insert(
 
 
 def indexer_k_norm_rope_store(
-    k_pre: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    rms_norm_weight: torch.Tensor,
-    rms_norm_eps: float,
-    k_cache: torch.Tensor,
-    kv_slot_mapping: torch.Tensor,
-    compress_ratio: int,
-    use_fp4_cache: bool,
-    mxfp4_n_per_tile: int,
-    tiled: bool,
+    k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache, kv_slot_mapping,
+    compress_ratio, use_fp4_cache, mxfp4_n_per_tile, tiled,
 ) -> None:
     T = kv_slot_mapping.numel()
     if T == 0:

@@ -38,16 +38,7 @@ def build_error() -> str | None:
     return _build_error(LIB_NAME, SOURCES)
 
 
-def transcode_k_cache(
-    src: torch.Tensor,
-    dst: torch.Tensor,
-    block_ids: torch.Tensor,
-    block_size: int,
-    width: int,
-    src_fnuz: bool,
-    dst_fnuz: bool,
-    tiled: bool,
-) -> None:
+def transcode_k_cache(src, dst, block_ids, block_size, width, src_fnuz, dst_fnuz, tiled) -> None:
     n = block_ids.shape[0]
     if n == 0:
         return

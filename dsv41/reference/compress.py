@@ -109,18 +109,8 @@ def _rmsnorm_bf16_bits(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
 
 
 def fused_save_compress_norm(
-    kv_score: torch.Tensor,
-    positions: torch.Tensor,
-    state_cache: torch.Tensor | None,
-    slot_mapping: torch.Tensor,
-    query_start_loc: torch.Tensor | None,
-    token_to_req_indices: torch.Tensor | None,
-    rms_norm_weight: torch.Tensor,
-    rms_norm_eps: float,
-    compress_ratio: int,
-    latent_out: torch.Tensor,
-    prev_rows: torch.Tensor | None = None,
-    prev_row_indices: torch.Tensor | None = None,
+    kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices,
+    rms_norm_weight, rms_norm_eps, compress_ratio, latent_out, prev_rows=None, prev_row_indices=None,
 ) -> None:
     """C §8.1.  With ``prev_rows`` (CR 2), request r's first token takes its older row
     from ``prev_rows[prev_row_indices[r]]`` where that index is >= 0 (the ring
@@ -172,7 +162,7 @@ def fused_save_compress_norm(
         _save_ring(kv_score, state_cache, slot, query_start_loc)
 
 
-def save_ring_rows(rows: torch.Tensor, slot_mapping: torch.Tensor, state_cache: torch.Tensor) -> None:
+def save_ring_rows(rows, slot_mapping, state_cache) -> None:
     """Copy fp32 ``rows[i]`` to ring row ``(s // C, s % C)`` for each slot ``s >= 0``.
 
     Rows are stored in order, so of two rows with one slot the later one stays.
@@ -244,15 +234,8 @@ def _rope_all_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
 
 
 def rope_quant_insert(
-    latent: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    kv_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    compress_ratio: int,
-    fp8_scale: torch.Tensor | None,
-    sanitize_nans: bool,
-    interleaved: bool = False,
+    latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio, fp8_scale, sanitize_nans,
+    interleaved=False,
 ) -> None:
     _ic.enforce("rope_quant_insert", [latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio])
     T = slot_mapping.numel()

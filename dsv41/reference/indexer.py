@@ -153,17 +153,8 @@ def _cache_bytes(k_cache: torch.Tensor) -> torch.Tensor:
 
 
 def indexer_k_norm_rope_store(
-    k_pre: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    rms_norm_weight: torch.Tensor,
-    rms_norm_eps: float,
-    k_cache: torch.Tensor,
-    kv_slot_mapping: torch.Tensor,
-    compress_ratio: int,
-    use_fp4_cache: bool,
-    mxfp4_n_per_tile: int,
-    tiled: bool,
+    k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache, kv_slot_mapping,
+    compress_ratio, use_fp4_cache, mxfp4_n_per_tile, tiled,
 ) -> None:
     """Indexer key: RMSNorm -> RoPE -> FP8 / MXFP4 -> paged cache (R §3); writes ``k_cache``."""
     _ic.enforce("indexer_k_norm_rope_store", [
@@ -237,17 +228,8 @@ def indexer_k_norm_rope_store(
 
 
 def fused_indexer_q_rope_quant(
-    positions: torch.Tensor,
-    index_q: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    index_weights: torch.Tensor,
-    softmax_scale: float,
-    head_scale: float,
-    use_fp4: bool,
-    use_fnuz: bool,
-    q_out: torch.Tensor,
-    q_scale_out: torch.Tensor,
-    weights_out: torch.Tensor,
+    positions, index_q, cos_sin_cache, index_weights, softmax_scale, head_scale, use_fp4, use_fnuz, q_out,
+    q_scale_out, weights_out,
 ) -> None:
     """Indexer query: RoPE on the last R dims -> FP8 or MXFP4, weight fold (R §2)."""
     _ic.enforce("fused_indexer_q_rope_quant", [positions, index_q, cos_sin_cache])

@@ -198,13 +198,7 @@ def _encode_record(
 
 
 def quantize_and_insert_k_cache(
-    k: torch.Tensor,
-    k_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    block_size: int,
-    use_fnuz: bool,
-    bytes_per_token: int,
-    interleaved: bool = False,
+    k, k_cache, slot_mapping, block_size, use_fnuz, bytes_per_token, interleaved=False,
 ) -> None:
     """Quantize ``k[:T]`` (bf16 ``[>=T, 512]``) into the paged ``k_cache`` (spec §3).
 
@@ -269,15 +263,7 @@ def _decode_record(
 
 
 def dequantize_and_gather_k_cache(
-    out: torch.Tensor,
-    k_cache: torch.Tensor,
-    seq_lens: torch.Tensor,
-    gather_lens: torch.Tensor | None,
-    block_table: torch.Tensor,
-    block_size: int,
-    offset: int,
-    use_fnuz: bool,
-    interleaved: bool = False,
+    out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, use_fnuz, interleaved=False,
 ) -> None:
     """Gather and dequantize the last ``n`` tokens of each request into ``out`` (spec §4).
 

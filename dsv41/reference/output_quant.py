@@ -65,19 +65,8 @@ def _e4m3_bits(q: torch.Tensor) -> torch.Tensor:
 
 
 def fused_inv_rope_fp8_quant(
-    o: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    n_groups: int,
-    heads_per_group: int,
-    nope_dim: int,
-    rope_dim: int,
-    quant_group_size: int,
-    tma_aligned_scales: bool,
-    quantize: bool,
-    permuted_output: bool,
-    out_buf: torch.Tensor,
-    scale_buf: torch.Tensor,
+    o, positions, cos_sin_cache, n_groups, heads_per_group, nope_dim, rope_dim, quant_group_size,
+    tma_aligned_scales, quantize, permuted_output, out_buf, scale_buf,
 ) -> None:
     """R §4: inverse RoPE of the attention output, then per-``quant_group_size`` FP8 quant.
 
@@ -201,16 +190,7 @@ def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return (xf * rrms) * w.to(F32)
 
 
-def fused_q_kv_rmsnorm_quant(
-    qr: torch.Tensor,
-    kv: torch.Tensor,
-    q_weight: torch.Tensor,
-    kv_weight: torch.Tensor,
-    eps: float,
-    q_out: torch.Tensor,
-    q_scale_out: torch.Tensor,
-    kv_out: torch.Tensor,
-) -> None:
+def fused_q_kv_rmsnorm_quant(qr, kv, q_weight, kv_weight, eps, q_out, q_scale_out, kv_out) -> None:
     """R §5: RMSNorm of Q and KV rows; KV stored as kv.dtype, Q as MXFP8 (e4m3fn + swizzled ue8m0)."""
     T, Qs = qr.shape
     Gq = Qs // 32
@@ -237,7 +217,7 @@ def fused_q_kv_rmsnorm_quant(
 # --------------------------------------------------------------------------- §6.3
 
 
-def pad_fused_q_heads(q: torch.Tensor, out: torch.Tensor) -> None:
+def pad_fused_q_heads(q, out) -> None:
     """R §6.3: per token, chunk c (32 of them), head h, lane j:
     ``out[t, c·(Hp·16) + h·16 + j] = q[t, c·(H·16) + h·16 + j]`` for h < H, else 0 (pure copy)."""
     T, H, D = q.shape

@@ -82,14 +82,8 @@ def _columns(src: torch.Tensor | None, rows: int, width: int, device) -> torch.T
 
 
 def compute_global_topk_indices_and_lens(
-    topk_indices: torch.Tensor,
-    token_to_req_indices: torch.Tensor,
-    block_table: torch.Tensor,
-    block_size: int,
-    is_valid_token: torch.Tensor,
-    global_topk_indices: torch.Tensor,
-    topk_lens: torch.Tensor,
-    compact: bool = False,
+    topk_indices, token_to_req_indices, block_table, block_size, is_valid_token, global_topk_indices,
+    topk_lens, compact=False,
 ) -> None:
     """§5 with the bounds-checked variant's rules: local top-k indices → global slots.
 
@@ -126,17 +120,8 @@ def compute_global_topk_indices_and_lens(
 
 
 def combine_topk_swa_indices(
-    topk_indices: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    gather_lens: torch.Tensor,
-    window_size: int,
-    compress_ratio: int,
-    topk: int,
-    M: int,
-    N: int,
-    combined_indices: torch.Tensor,
-    combined_lens: torch.Tensor,
+    topk_indices, query_start_loc, seq_lens, gather_lens, window_size, compress_ratio, topk, M, N,
+    combined_indices, combined_lens,
 ) -> None:
     """§6 (current token-parallel version): sparse prefill rows into the gathered workspace.
 
@@ -211,27 +196,11 @@ def _remap(v: torch.Tensor, block_size: int, span: int) -> torch.Tensor:
 
 
 def build_flashinfer_mixed_sparse_indices(
-    decode_swa_indices: torch.Tensor,
-    decode_compressed_indices: torch.Tensor | None,
-    decode_compressed_topk_lens: torch.Tensor | None,
-    prefill_topk_indices: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    token_to_req_indices: torch.Tensor,
-    swa_block_table: torch.Tensor,
-    swa_block_size: int,
-    compressed_block_table: torch.Tensor,
-    compressed_block_size: int,
-    window_size: int,
-    compress_ratio: int,
-    topk: int,
-    decode_compressed_indices_are_local: bool,
-    decode_is_valid_token: torch.Tensor | None,
-    swa_block_span: int,
-    compressed_block_span: int,
-    replay_start: torch.Tensor,
-    sparse_indices: torch.Tensor,
-    sparse_topk_lens: torch.Tensor,
+    decode_swa_indices, decode_compressed_indices, decode_compressed_topk_lens, prefill_topk_indices,
+    query_start_loc, seq_lens, token_to_req_indices, swa_block_table, swa_block_size,
+    compressed_block_table, compressed_block_size, window_size, compress_ratio, topk,
+    decode_compressed_indices_are_local, decode_is_valid_token, swa_block_span, compressed_block_span,
+    replay_start, sparse_indices, sparse_topk_lens,
 ) -> None:
     """§7: FlashInfer sparse-MLA index rows, D decode rows then P prefill rows.
 

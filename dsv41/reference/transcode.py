@@ -211,16 +211,7 @@ def _page_indices(layout: CacheLayout, blk: torch.Tensor) -> tuple[torch.Tensor,
     return base + layout.value_index(tok, vbyte), base + layout.scale_index(tok, sbyte)
 
 
-def transcode_k_cache(
-    src: torch.Tensor,
-    dst: torch.Tensor,
-    block_ids: torch.Tensor,
-    block_size: int,
-    width: int,
-    src_fnuz: bool,
-    dst_fnuz: bool,
-    tiled: bool,
-) -> None:
+def transcode_k_cache(src, dst, block_ids, block_size, width, src_fnuz, dst_fnuz, tiled) -> None:
     """Transcode pages ``block_ids`` of ``src`` into the same pages of ``dst``.
 
     A negative id, or one past either cache's page count, skips (never an out-of-bounds
