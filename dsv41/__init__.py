@@ -36,6 +36,7 @@ from .indexer_q import fused_indexer_q_rope_quant
 from .inv_rope import fused_inv_rope_fp8_quant
 from .q_layout import pad_fused_q_heads
 from .query_quant import QuantizedActivation, can_fuse_query_quant, fused_q_kv_rmsnorm_quant, mxfp8_scale_bytes
+from .explain import explain
 from .registry import BackendUnavailable
 from .transcode import transcode_k_cache
 
@@ -73,6 +74,7 @@ __all__ = [
     "CacheLayout",
     "Fp8Flavour",
     "BackendUnavailable",
+    "explain",
     "V4_BYTES_PER_TOKEN",
     "V41_BYTES_PER_TOKEN",
     "V41_NVFP4_BYTES_PER_TOKEN",

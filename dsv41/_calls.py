@@ -19,6 +19,7 @@ the op path everywhere (read once, on first use).
 from __future__ import annotations
 
 import os
+import threading
 
 import torch
 from torch import Tensor
@@ -26,7 +27,7 @@ from torch import Tensor
 from . import _library  # noqa: F401  (registers torch.ops.dsv41.*)
 from . import registry
 
-__all__ = ["ops", "eager_enabled", "takes_op_path"]
+__all__ = ["ops", "eager_enabled", "takes_op_path", "capturing", "KernelCall"]
 
 _eager: bool | None = None
 
@@ -54,6 +55,28 @@ def takes_op_path(args) -> bool:
     return False
 
 
+class KernelCall(Exception):
+    """Raised in place of a kernel launch inside ``capturing()``: the op and its kernel arguments."""
+
+    def __init__(self, name: str, args: tuple):
+        super().__init__(name)
+        self.name, self.args = name, args
+
+
+_capture = threading.local()
+
+
+class capturing:
+    """Within this block (this thread), a public function stops at its kernel launch by raising
+    ``KernelCall`` (``dsv41.explain`` uses it to learn the kernel arguments of a public call)."""
+
+    def __enter__(self):
+        _capture.on = True
+
+    def __exit__(self, *exc):
+        _capture.on = False
+
+
 class _Call:
     __slots__ = ("name", "op")
 
@@ -62,6 +85,8 @@ class _Call:
         self.op = getattr(torch.ops.dsv41, name)
 
     def __call__(self, *args):
+        if getattr(_capture, "on", False):
+            raise KernelCall(self.name, args)
         if takes_op_path(args):
             return self.op(*args)
         for a in args:

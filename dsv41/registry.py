@@ -29,6 +29,8 @@ __all__ = [
     "Backend",
     "BackendUnavailable",
     "Resolution",
+    "Explanation",
+    "explain",
     "OPS",
     "backend_names",
     "resolve",
@@ -58,6 +60,10 @@ class Backend:
     requires:     packages (keys of ``platform.PACKAGES``) that must import
     kernels:      op name -> "module:function" (imported lazily, on first use)
     arch_ops:     op name -> archs that op needs beyond ``archs`` (e.g. FP4 PTX on SM100)
+    input_limits: op name -> "module:function" taking the kernel arguments and returning why
+                  this backend's kernel cannot take them (None: it can); the kernel consults
+                  the same function and hands such calls to ``input_fallback``
+    input_fallback: the backend whose kernel takes the calls outside ``input_limits``
     """
 
     name: str = ""
@@ -68,6 +74,8 @@ class Backend:
     requires: tuple = ()
     kernels: dict = {}
     arch_ops: dict = {}
+    input_limits: dict = {}
+    input_fallback: str = ""
 
     def reasons(self, op: str, plat) -> list[str]:
         """Why this backend cannot run ``op`` on ``plat`` (empty list: it can)."""
@@ -93,8 +101,18 @@ class Backend:
         return []
 
     def load(self, op: str) -> Callable:
-        module, _, fn = self.kernels[op].partition(":")
-        return getattr(importlib.import_module(module), fn)
+        return _load(self.kernels[op])
+
+    def unsupported(self, op: str, args) -> list[str]:
+        """Why this backend's kernel of ``op`` cannot take these kernel arguments (empty: it can)."""
+        limit = self.input_limits.get(op)
+        why = _load(limit)(*args) if limit else None
+        return [why] if why else []
+
+
+def _load(where: str) -> Callable:
+    module, _, fn = where.partition(":")
+    return getattr(importlib.import_module(module), fn)
 
 
 def _backends() -> list[Backend]:
@@ -223,6 +241,54 @@ def kernel(op: str, device_type: str) -> Callable:
             + "; ".join(f"{n}: {', '.join(r)}" for n, r in res.rejected.items())
         )
     return entry[1]
+
+
+@dataclasses.dataclass
+class Explanation:
+    """Which implementation runs one call of ``op``, and why each candidate before it does not."""
+
+    op: str
+    device_type: str
+    runs: str | None  # backend name; None: nothing runs these arguments here
+    steps: list  # (backend name, verdict): "runs" or the reasons it does not
+
+    def __str__(self) -> str:
+        lines = [f"{self.op} on {self.device_type} tensors: "
+                 + (f"runs on {self.runs}" if self.runs else "no implementation runs these arguments")]
+        for name, verdict in self.steps:
+            lines.append(f"  {name}: {verdict if isinstance(verdict, str) else '; '.join(verdict)}")
+        return "\n".join(lines)
+
+
+def explain(op: str, *args, device_type: str | None = None) -> Explanation:
+    """Which backend runs ``op`` on these kernel-contract arguments (docs/kernel_contract.md;
+    ``dsv41.public_calls`` maps a public call to them) and why the candidates ranked above it
+    do not: rejected for the platform, or outside the input limits of their sheet.  The
+    device type is the tensors' unless given."""
+    if device_type is None:
+        device_type = next((a.device.type for a in args if hasattr(a, "device") and hasattr(a, "dtype")), None)
+        if device_type is None:
+            raise TypeError(f"explain({op!r}, ...): no tensor among the arguments; pass device_type=")
+    res = resolve(op)
+    entry = res.by_device.get(device_type) or res.by_device.get("*")
+    by_name = {b.name: b for b in _backends()}
+    steps: list = []
+    runs = None
+    for name in res.order:
+        if entry is not None and name == entry[0]:
+            why = by_name[name].unsupported(op, args)
+            if not why:
+                steps.append((name, "runs"))
+                runs = name
+                break
+            fallback = by_name[name].input_fallback
+            steps.append((name, why + ([f"its kernel hands the call to {fallback}"] if fallback else [])))
+            if fallback:
+                steps.append((fallback, "runs"))
+                runs = fallback
+            break
+        steps.append((name, res.rejected.get(name, [f"does not run on {device_type} tensors"])))
+    return Explanation(op, device_type, runs, steps)
 
 
 _preferred: dict = {}

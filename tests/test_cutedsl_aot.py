@@ -613,8 +613,10 @@ def test_gpu_indexer_matches_reference(fp4, cs_dtype, T):
 def test_unsupported_reason_guards():
     kc584 = torch.zeros(1, 4, 584, dtype=U8)
     kc288 = torch.zeros(1, 4, 288, dtype=U8)
-    args = lambda kc, fnuz: (None, kc, None, None, None, 4, 0, fnuz)  # noqa: E731
+    table = torch.zeros(1, 2, dtype=torch.int32)
+    args = lambda kc, fnuz, table=table: (None, kc, None, None, table, 4, 0, fnuz)  # noqa: E731
     assert G.unsupported_reason(*args(kc584, False)) is None
+    assert G.unsupported_reason(*args(kc584[:0], False)) and G.unsupported_reason(*args(kc584, False, table[:, :0]))
     assert G.unsupported_reason(*args(kc584, True)) and G.unsupported_reason(*args(kc288, False))
     kc528 = torch.zeros(1, 4, 528, dtype=U8)
     assert G.unsupported_reason(*args(kc528, False), True) is None

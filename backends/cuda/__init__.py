@@ -21,8 +21,9 @@ class CudaCuteDSLBackend(Backend):
     """CuTe DSL kernels where the seed has them: the fp8 gather and the indexer-Q quantizer.
 
     Calls these kernels cannot serve (FNUZ caches, the NVFP4 record, shapes outside the
-    compiled classes) are passed to the Triton kernel inside the launcher, so the
-    selection stays per op.
+    compiled classes: ``input_limits``) are passed to the Triton kernel inside the launcher,
+    which consults the same functions, so the selection stays per op and
+    ``dsv41.explain`` names the kernel that runs a given call.
     """
 
     name = "cuda:cutedsl"
@@ -35,3 +36,8 @@ class CudaCuteDSLBackend(Backend):
         "dequantize_and_gather_k_cache": "dsv41.backends.cuda.cutedsl_gather:dequantize_and_gather_k_cache",
         "fused_indexer_q_rope_quant": "dsv41.backends.cuda.cutedsl_indexer_q:fused_indexer_q_rope_quant",
     }
+    input_limits = {
+        "dequantize_and_gather_k_cache": "dsv41.backends.cuda.cutedsl_gather:unsupported_reason",
+        "fused_indexer_q_rope_quant": "dsv41.backends.cuda.cutedsl_indexer_q:unsupported_reason",
+    }
+    input_fallback = "cuda:triton"

@@ -637,7 +637,8 @@ def unsupported_reason(
     out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, use_fnuz, interleaved=False
 ):
     """None when the CuTe kernel handles the call (kernel-contract arguments), else why the
-    launcher hands it to the Triton kernel (the 288 NVFP4 record, FNUZ caches)."""
+    launcher hands it to the Triton kernel (the 288 NVFP4 record, FNUZ caches, an empty cache
+    or block table).  The sheet's ``input_limits`` names this function."""
     width = k_cache.shape[-1]
     if width not in RECORDS:
         return f"cuda:cutedsl gather handles the 584 / 528 records, not {width}"
@@ -645,6 +646,10 @@ def unsupported_reason(
         return f"cuda:cutedsl gather has no interleaved layout for the {width} record"
     if use_fnuz:
         return "cuda:cutedsl gather decodes OCP e4m3 only (use_fnuz=True)"
+    # an empty cache or table has no in-bounds token 0 of page 0 to read in place of a bad
+    # one: the Triton kernel (masked loads) takes those calls
+    if k_cache.shape[0] == 0 or block_table.shape[1] == 0:
+        return "cuda:cutedsl gather needs a non-empty cache and block table (it reads page 0 for bad rows)"
     return None
 
 
@@ -654,13 +659,11 @@ def dequantize_and_gather_k_cache(
 ) -> None:
     """Kernel-contract entry (docs/kernel_contract.md): writes ``out[r, offset:offset+n]``.
 
-    FNUZ caches and the 288 record go to the Triton kernel (``unsupported_reason``)."""
+    Calls outside ``unsupported_reason`` go to the Triton kernel."""
     width = k_cache.shape[-1]
     interleaved = bool(interleaved)
-    # An empty cache or table has no in-bounds token 0 of page 0 to read in place of a bad
-    # one: the Triton kernel (masked loads) takes those calls.
-    if (use_fnuz or width not in RECORDS or (interleaved and width not in INTERLEAVED_RECORDS)
-            or k_cache.shape[0] == 0 or block_table.shape[1] == 0):
+    if unsupported_reason(out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, use_fnuz,
+                          interleaved) is not None:
         return triton_fallback("dequantize_and_gather_k_cache")(
             out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, use_fnuz, interleaved
         )

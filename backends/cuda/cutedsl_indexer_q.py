@@ -460,7 +460,8 @@ def _rn32(v: float) -> float:
 def unsupported_reason(positions, index_q, cos_sin_cache, index_weights, softmax_scale, head_scale,
                        use_fp4, use_fnuz, q_out, q_scale_out, weights_out):
     """None when the CuTe kernel handles the call (kernel-contract arguments), else why the
-    launcher hands it to the Triton kernel (FNUZ FP8 output, widths outside ``shape_supported``)."""
+    launcher hands it to the Triton kernel (FNUZ FP8 output, widths outside ``shape_supported``).
+    The sheet's ``input_limits`` names this function."""
     if use_fnuz and not use_fp4:
         return "cuda:cutedsl indexer Q writes OCP e4m3fn only (use_fnuz=True)"
     D, R = index_q.shape[-1], cos_sin_cache.shape[-1]
@@ -475,11 +476,13 @@ def fused_indexer_q_rope_quant(
 ) -> None:
     """Kernel-contract entry (docs/kernel_contract.md).
 
-    FNUZ FP8 output and unsupported widths go to the Triton kernel (``unsupported_reason``)."""
+    Calls outside ``unsupported_reason`` (FNUZ FP8 output, unsupported widths) go to the
+    Triton kernel."""
     T, H, D = index_q.shape
     R = cos_sin_cache.shape[-1]
     fp4 = bool(use_fp4)
-    if (use_fnuz and not fp4) or not shape_supported(D, R, fp4):
+    if unsupported_reason(positions, index_q, cos_sin_cache, index_weights, softmax_scale, head_scale,
+                          use_fp4, use_fnuz, q_out, q_scale_out, weights_out) is not None:
         return triton_fallback("fused_indexer_q_rope_quant")(
             positions, index_q, cos_sin_cache, index_weights, softmax_scale, head_scale,
             use_fp4, use_fnuz, q_out, q_scale_out, weights_out,
