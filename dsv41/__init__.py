@@ -19,7 +19,7 @@ from .cache_utils import (
     gather_num_workers,
     quantize_and_insert_k_cache,
 )
-from .formats import (
+from .core.formats import (
     MXFP4_BLOCK_SIZE,
     V4_BYTES_PER_TOKEN,
     V41_BYTES_PER_TOKEN,
@@ -37,7 +37,7 @@ from .inv_rope import fused_inv_rope_fp8_quant
 from .q_layout import pad_fused_q_heads
 from .query_quant import QuantizedActivation, can_fuse_query_quant, fused_q_kv_rmsnorm_quant, mxfp8_scale_bytes
 from .explain import explain
-from .registry import BackendUnavailable
+from .core.registry import BackendUnavailable
 from .transcode import transcode_k_cache
 
 __version__ = "0.1.0"

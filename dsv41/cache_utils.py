@@ -12,11 +12,11 @@ import inspect
 
 import torch
 
-from . import _calls
-from . import index_checks as _ic
-from ._validate import INT_INDEX, Check
-from . import registry as _registry
-from .formats import (
+from .core import _calls
+from .core import index_checks as _ic
+from .core._validate import INT_INDEX, Check
+from .core import registry as _registry
+from .core.formats import (
     DEFAULT_V41_LAYOUT,
     V4_BYTES_PER_TOKEN,
     V41_BYTES_PER_TOKEN,
@@ -28,7 +28,7 @@ from .formats import (
     record_for_width,
 )
 
-# vLLM 0.33's names for the V4.1 record geometry (dsv41.formats holds the records).
+# vLLM 0.33's names for the V4.1 record geometry (dsv41.core.formats holds the records).
 V41_QUANT_BLOCK = V41_MXFP8.group
 V41_NUM_SCALES = V41_MXFP8.n_groups
 V41_NVFP4_QUANT_BLOCK = V41_NVFP4.group
@@ -79,7 +79,7 @@ def quantize_and_insert_k_cache(
     ``k`` past T are never read); a negative slot skips a token.
     ``v41_layout`` (keyword-only) places the 528 record's scales: ``"interleaved"``
     (vLLM 0.33, the default) or ``"paged"`` (vLLM's development snapshot); see
-    ``dsv41.formats``.
+    ``dsv41.core.formats``.
     """
     c = Check("quantize_and_insert_k_cache")
     c.tensor("k", k, dtype=torch.bfloat16, ndim=2)
@@ -141,7 +141,7 @@ def dequantize_and_gather_k_cache(
     ``use_fnuz`` must match the writer of this cache (ignored for NVFP4).
     ``max_gather_len`` is accepted for vLLM compatibility; it only sized vLLM's
     launch grid and changes nothing here.  ``v41_layout`` (keyword-only) says
-    where the 528 / 288 records keep their scales (``dsv41.formats``).
+    where the 528 / 288 records keep their scales (``dsv41.core.formats``).
     """
     c = Check("dequantize_and_gather_k_cache")
     c.tensor("out", out, dtype=torch.bfloat16, ndim=3)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import _calls, registry
-from .op_specs import OPS
+from .core import _calls, registry
+from .core.op_specs import OPS
 
 __all__ = ["explain"]
 
@@ -22,7 +22,7 @@ def explain(fn: Callable | str, *args, **kwargs) -> registry.Explanation | None:
     arguments raise the public function's own ``ValueError`` / ``TypeError``.  Returns None
     when the call launches no kernel (nothing to do, e.g. zero tokens)."""
     if isinstance(fn, str):
-        from .public_calls import public_function
+        from .tools.public_calls import public_function
 
         if fn not in OPS:
             raise ValueError(f"explain: unknown op {fn!r}; ops are {', '.join(OPS)}")

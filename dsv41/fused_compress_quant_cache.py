@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from . import _calls
-from . import index_checks as _ic
-from . import platform as _platform
-from ._validate import INT_INDEX, Check
-from .formats import DEFAULT_V41_LAYOUT, V41_LAYOUTS, interleaved_for
+from .core import _calls
+from .core import index_checks as _ic
+from .core import platform as _platform
+from .core._validate import INT_INDEX, Check
+from .core.formats import DEFAULT_V41_LAYOUT, V41_LAYOUTS, interleaved_for
 
 __all__ = ["fused_save_compress_norm", "save_ring_rows", "rope_quant_insert"]
 
@@ -143,7 +143,7 @@ def rope_quant_insert(
     (keyword-only, default: on for gfx950, which reads scale code 255 as NaN)
     clamps scale codes to 254 and replaces NaN rotated values by 0.
     ``v41_layout`` (keyword-only) places the 528 / 288 records' scales:
-    ``"interleaved"`` (vLLM 0.33, the default) or ``"paged"`` (``dsv41.formats``).
+    ``"interleaved"`` (vLLM 0.33, the default) or ``"paged"`` (``dsv41.core.formats``).
     """
     c = Check("rope_quant_insert")
     c.integer("compress_ratio", compress_ratio, choices=(1, 2))

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from . import _calls
-from . import index_checks as _ic
-from . import platform as _platform
-from ._validate import INT_INDEX, Check
-from .formats import TILE
+from .core import _calls
+from .core import index_checks as _ic
+from .core import platform as _platform
+from .core._validate import INT_INDEX, Check
+from .core.formats import TILE
 
 __all__ = ["indexer_k_norm_rope_store"]
 

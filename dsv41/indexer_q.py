@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from . import _calls
-from . import index_checks as _ic
-from . import platform as _platform
-from ._validate import INT_INDEX, Check
-from .formats import MXFP4_BLOCK_SIZE
+from .core import _calls
+from .core import index_checks as _ic
+from .core import platform as _platform
+from .core._validate import INT_INDEX, Check
+from .core.formats import MXFP4_BLOCK_SIZE
 
 __all__ = ["fused_indexer_q_rope_quant"]
 

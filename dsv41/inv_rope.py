@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from . import _calls
-from . import index_checks as _ic
-from ._validate import INT_INDEX, Check
+from .core import _calls
+from .core import index_checks as _ic
+from .core._validate import INT_INDEX, Check
 
 __all__ = ["fused_inv_rope_fp8_quant", "tma_aligned_size"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from . import _calls
-from ._validate import Check
+from .core import _calls
+from .core._validate import Check
 
 __all__ = ["pad_fused_q_heads"]
 

@@ -7,8 +7,8 @@ import dataclasses
 
 import torch
 
-from . import _calls
-from ._validate import Check
+from .core import _calls
+from .core._validate import Check
 
 __all__ = [
     "fused_q_kv_rmsnorm_quant",

@@ -5,7 +5,7 @@ between the two places of the V4.1 records' scales.
 src_v41_layout="interleaved", dst_v41_layout="interleaved")`` rewrites the listed pages of
 ``src`` into the same pages of ``dst`` (``dst`` may be ``src``).
 
-Layouts (528 and 288 records; ``dsv41.formats``): ``"interleaved"`` is what vLLM 0.33 writes,
+Layouts (528 and 288 records; ``dsv41.core.formats``): ``"interleaved"`` is what vLLM 0.33 writes,
 ``"paged"`` what its development snapshot writes.  With different ``src_v41_layout`` and
 ``dst_v41_layout`` every record byte moves to its place in the other layout (values and
 scales unchanged unless the flavour changes too), so a cache written by one vLLM version
@@ -102,11 +102,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import _calls
-from . import platform as _platform
-from . import index_checks as _ic
-from ._validate import INT_INDEX, Check
-from .formats import DEFAULT_V41_LAYOUT, INDEXER_FP8, RECORDS, TILE, V41_LAYOUTS, V41_NVFP4, CacheLayout, interleaved_for
+from .core import _calls
+from .core import platform as _platform
+from .core import index_checks as _ic
+from .core._validate import INT_INDEX, Check
+from .core.formats import DEFAULT_V41_LAYOUT, INDEXER_FP8, RECORDS, TILE, V41_LAYOUTS, V41_NVFP4, CacheLayout, interleaved_for
 
 __all__ = ["transcode_k_cache"]
 

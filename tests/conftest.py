@@ -58,7 +58,7 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.fixture
 def fresh_registry(monkeypatch):
     """Registry and platform probe recomputed for the test (env changes take effect)."""
-    from dsv41 import registry
+    from dsv41.core import registry
 
     registry.reset()
     yield monkeypatch

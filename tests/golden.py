@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from dsv41.conformance import _view_on, written_bytes
+from dsv41.tools.conformance import _view_on, written_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 SET_FILES = {

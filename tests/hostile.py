@@ -2,7 +2,7 @@
 tensors it was given.
 
 Every op is called in kernel-contract form (``impl.kernel(op)(*args)``, docs/kernel_contract.md)
-on the arguments of one conformance case (``dsv41.conformance``), with ONE element of one
+on the arguments of one conformance case (``dsv41.tools.conformance``), with ONE element of one
 index-like argument replaced by a hostile value:
 
     bound, bound + 100, 10**6, 2**31 - 1, -2, -10**6, -2**31   (+ 2**32 + 5 for int64 tensors)
@@ -116,7 +116,7 @@ HOST_IMPLS = ("reference", "cpu")  # validate always; everything else is a GPU k
 @dataclasses.dataclass(frozen=True)
 class Site:
     op: str
-    case: str  # conformance case name (dsv41.conformance: Case.name)
+    case: str  # conformance case name (dsv41.tools.conformance: Case.name)
     arg: str  # argument name as in docs/kernel_contract.md (the reference's parameter name)
     index: int  # position in the kernel-contract argument list
     element: Callable | None  # args -> index tuple of the hostile element (None: a Python int)
@@ -416,7 +416,7 @@ def ops_with_sites() -> list[str]:
 
 
 def _case(op: str, name: str):
-    from dsv41.conformance import CASES
+    from dsv41.tools.conformance import CASES
 
     for c in CASES:
         if c.op == op and c.name == name:
@@ -559,7 +559,7 @@ class Rehomed:
 
     def storage_bytes_equal(self, i: int, t: torch.Tensor) -> bool:
         """Whether argument ``i``'s storage holds exactly the bytes of ``t``'s whole storage."""
-        from dsv41.conformance import written_bytes
+        from dsv41.tools.conformance import written_bytes
 
         b = self.arg_buffer[i]
         n = self.buffers[b][1]
@@ -626,7 +626,7 @@ _BUILT: dict = {}  # (op, case name) -> CPU arguments built once by the fork ser
 
 def _fresh_args(case) -> list:
     """A deep copy (views kept) of the case's CPU arguments, built once per process."""
-    from dsv41.conformance import clone_args
+    from dsv41.tools.conformance import clone_args
 
     key = (case.op, case.name)
     if key not in _BUILT:
@@ -645,7 +645,7 @@ def _one_run(fn, op, case, site, value, device, writes, validate) -> dict:
     t0 = time.perf_counter()
     try:
         if validate:
-            from dsv41 import index_checks
+            from dsv41.core import index_checks
 
             index_checks.check_kernel_args(op, rh.args)
         fn(*rh.args)
@@ -678,7 +678,7 @@ def execute(job: dict, device: str = "cpu", progress=None) -> dict:
     try:
         progress("setup")
         if job.get("validate"):
-            from dsv41 import index_checks
+            from dsv41.core import index_checks
 
             os.environ["DSV41_VALIDATE"] = "1"
             index_checks.refresh()
@@ -698,7 +698,7 @@ def execute(job: dict, device: str = "cpu", progress=None) -> dict:
                 "traceback": traceback.format_exc()[-2000:]}
     finally:
         if job.get("validate"):
-            from dsv41 import index_checks
+            from dsv41.core import index_checks
 
             if saved is None:
                 os.environ.pop("DSV41_VALIDATE", None)
@@ -791,9 +791,9 @@ def _server_preload(device: str) -> dict:
 
         if interpreter_unsupported_reason() is None:
             enable_exact_interpreter()
-    from dsv41 import platform
-    from dsv41.conformance import CASES  # noqa: F401
-    from dsv41.registry import OPS
+    from dsv41.core import platform
+    from dsv41.tools.conformance import CASES  # noqa: F401
+    from dsv41.core.registry import OPS
 
     impls = implementations(device)
     plat = platform.probe()

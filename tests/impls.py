@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from dsv41 import platform, registry
+from dsv41.core import platform, registry
 from dsv41.backends import ALL_BACKENDS
 
 

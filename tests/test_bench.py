@@ -1,4 +1,4 @@
-"""``python -m dsv41 bench`` (dsv41.bench.main): a tiny run, its JSON records and its table."""
+"""``python -m dsv41 bench`` (dsv41.tools.bench.main): a tiny run, its JSON records and its table."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from dsv41 import bench
+from dsv41.tools import bench
 
 CHEAP_OPS = ("compute_global_topk_indices_and_lens", "combine_topk_swa_indices")
 KEYS = {

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from dsv41 import env, registry
+from dsv41.core import env, registry
 from dsv41.backends.cpu import _build
 
 
@@ -51,7 +51,7 @@ def test_unknown_variables_are_reported_once(caplog, monkeypatch):
 
 
 def test_every_documented_variable_is_known():
-    from dsv41.registry import OPS
+    from dsv41.core.registry import OPS
 
     known = set(env.known_names())
     assert {"DSV41_BACKEND", "DSV41_PLATFORM", "DSV41_VALIDATE", "DSV41_PDL"} <= known
@@ -88,7 +88,7 @@ def test_cli_check_cuda_without_a_gpu():
 
 
 def test_bench_backend_accepts_family_names():
-    from dsv41.bench import _expand_backend_names
+    from dsv41.tools.bench import _expand_backend_names
 
     assert _expand_backend_names(["cuda"]) == {"cuda:cutedsl", "cuda:triton"}
     assert _expand_backend_names(["cpu", "cuda:triton"]) == {"cpu", "cuda:triton"}

@@ -1,6 +1,6 @@
 """The conformance matrix: op × implementation × case, bytes compared with the reference.
 
-Every case (``dsv41.conformance.CASES``) is run by the reference and by each
+Every case (``dsv41.tools.conformance.CASES``) is run by the reference and by each
 registered implementation on clones of the same arguments; the *whole storage*
 of every written tensor must be identical, so a stray write into the canary
 bytes around the target slots (page padding, neighbouring slots, rows outside
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsv41.conformance import CASES, _on, clone_args, written_bytes
+from dsv41.tools.conformance import CASES, _on, clone_args, written_bytes
 from dsv41.reference import ReferenceBackend
 from impls import implementations
 

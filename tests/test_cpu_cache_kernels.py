@@ -2,7 +2,7 @@
 pure-PyTorch reference, byte for byte.
 
 * common.h numerics (bf16 RNE, e4m3 OCP/FNUZ encode/decode, e2m1, the fp32-log2 ceiling,
-  exp2i, clamp_sym) and their AVX-512 twins against dsv41.codecs on exhaustive / adversarial
+  exp2i, clamp_sym) and their AVX-512 twins against dsv41.core.codecs on exhaustive / adversarial
   inputs.
 * quantize_and_insert_k_cache (584 / 528, OCP / FNUZ), dequantize_and_gather_k_cache
   (584 / 528 / 288), rope_quant_insert (584 / 528 / 288 / plain bf16 / plain fp8 rows,
@@ -37,7 +37,7 @@ import torch
 
 import golden  # noqa: E402  (tests/ is on sys.path)
 
-from dsv41 import codecs
+from dsv41.core import codecs
 from dsv41.reference import compress as ref_compress
 from dsv41.reference import indexer as ref_indexer
 from dsv41.reference import k_cache as ref_k

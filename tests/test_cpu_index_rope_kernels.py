@@ -931,7 +931,7 @@ LOG_CEIL_EDGE = [
 def test_inv_rope_log_ceil_edge():
     """Chunks whose fp32 amax sits a few ulps above 448·2^k: the (L) ceiling lands one binade
     low and the ±448 clamp keeps the codes in range (R §1.5, §4.3)."""
-    from dsv41.codecs import bit_ceil_log2, ceil_log2, inv_const
+    from dsv41.core.codecs import bit_ceil_log2, ceil_log2, inv_const
 
     g = torch.Generator().manual_seed(1)
     n = len(LOG_CEIL_EDGE)
@@ -942,7 +942,7 @@ def test_inv_rope_log_ceil_edge():
         o[r, 0, 448 + 2 * i + 1] = od
     assert torch.equal(o.float(), o.to(BF16).float())
     # the edge is really hit: the amax of the RoPE chunk (dims 448..511) has (L) != (B)
-    from dsv41.codecs import fma32
+    from dsv41.core.codecs import fma32
 
     x = o.float()
     d = torch.arange(448, 512)

@@ -24,7 +24,7 @@ import torch
 
 from dsv41.backends.cuda import cutedsl_gather as G
 from dsv41.backends.cuda import cutedsl_indexer_q as Q
-from dsv41.codecs import F32_1E_4, fma32, inv_const
+from dsv41.core.codecs import F32_1E_4, fma32, inv_const
 from dsv41.reference.indexer import fused_indexer_q_rope_quant as ref_indexer_q
 from dsv41.reference.k_cache import (
     dequantize_and_gather_k_cache as ref_gather,
@@ -479,7 +479,7 @@ def _all_bf16_amax():
 
 
 def test_scale_rule_fp8_exhaustive():
-    from dsv41.codecs import ceil_log2, exp2i
+    from dsv41.core.codecs import ceil_log2, exp2i
 
     a = torch.cat((_all_bf16_amax(), torch.tensor([F32_1E_4])))
     qs, inv, _ = _scale(a, 0x38D1B717, inv_const(448.0), 255)
@@ -493,7 +493,7 @@ def test_scale_rule_fp8_exhaustive():
 
 
 def test_scale_rule_mxfp4_exhaustive():
-    from dsv41.codecs import ceil_log2, exp2i
+    from dsv41.core.codecs import ceil_log2, exp2i
 
     a = _all_bf16_amax()
     _, inv, e = _scale(a, 0x01C00000, inv_const(6.0), 254)

@@ -1,4 +1,4 @@
-"""The two ways a public function reaches its kernel (dsv41/_calls.py): eager calls go straight
+"""The two ways a public function reaches its kernel (dsv41/core/_calls.py): eager calls go straight
 to the registry's kernel, traced / fake / functionalized calls through ``torch.ops.dsv41``.
 Both must write the same bytes, and each must be taken exactly when it should be."""
 
@@ -9,8 +9,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import dsv41
-from dsv41 import _calls
-from dsv41.conformance import CASES, clone_args, written_bytes
+from dsv41.core import _calls
+from dsv41.tools.conformance import CASES, clone_args, written_bytes
 
 
 @pytest.fixture

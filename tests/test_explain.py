@@ -8,9 +8,10 @@ import pytest
 import torch
 
 import dsv41
-from dsv41 import bench, platform, registry
-from dsv41.conformance import CASES, clone_args, written_bytes
-from dsv41.public_calls import public_call
+from dsv41.tools import bench
+from dsv41.core import platform, registry
+from dsv41.tools.conformance import CASES, clone_args, written_bytes
+from dsv41.tools.public_calls import public_call
 
 FIRST = {}
 for _c in CASES:

@@ -1,6 +1,6 @@
 """Property-based conformance: random inputs, every implementation vs the reference, byte for byte.
 
-For every op of ``dsv41.registry.OPS`` a hypothesis strategy draws kernel-contract
+For every op of ``dsv41.core.registry.OPS`` a hypothesis strategy draws kernel-contract
 arguments (docs/kernel_contract.md): token counts including 0, block sizes 1/16/64,
 padded page strides, −1 and other negative slots, DP padding rows poisoned with NaN,
 positions up to the last row of the cos/sin cache, strided views, and values from a
@@ -19,7 +19,7 @@ writer never gets two writing tokens with one slot (that is a race).
   0xA5 and 0x5A); the bytes it writes are exactly the ones the spec names (the records
   of the writing slots, the gathered rows, the closing latent rows, the ring rows, every
   byte of a fully written output), so every canary outside them survives; and the
-  opt-in index checks (``dsv41.index_checks``) accept every drawn input.
+  opt-in index checks (``dsv41.core.index_checks``) accept every drawn input.
 
 Profiles (registered here): ``ci`` (default; derandomized, 25 examples per op, no
 deadline), ``fast`` (derandomized, 8 examples; the default of the fast test tier,
@@ -40,11 +40,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from impls import implementations
 
-from dsv41 import index_checks
-from dsv41.conformance import _view_on, clone_args, written_bytes
-from dsv41.formats import INDEXER_FP8, INDEXER_MXFP4, RECORDS
+from dsv41.core import index_checks
+from dsv41.tools.conformance import _view_on, clone_args, written_bytes
+from dsv41.core.formats import INDEXER_FP8, INDEXER_MXFP4, RECORDS
 from dsv41.reference import ReferenceBackend
-from dsv41.registry import OPS
+from dsv41.core.registry import OPS
 
 # ----------------------------------------------------------------------------- profiles
 
@@ -801,7 +801,7 @@ def st_pad_fused_q_heads(draw):
 
 @st.composite
 def st_transcode_k_cache(draw):
-    from dsv41.conformance import _edge_cache
+    from dsv41.tools.conformance import _edge_cache
 
     width = draw(st.sampled_from([584, 528, 132]))
     tiled = width == 132 and draw(st.booleans())

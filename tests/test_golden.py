@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import dsv41
-from dsv41 import registry
+from dsv41.core import registry
 from dsv41.reference import ReferenceBackend
 from golden import SET_FILES, clone_value, differences, load_set, outputs
 from impls import Impl, implementations

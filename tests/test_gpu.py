@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import dsv41
-from dsv41.conformance import CASES, _on, clone_args, written_bytes
+from dsv41.tools.conformance import CASES, _on, clone_args, written_bytes
 from dsv41.reference import ReferenceBackend
 from impls import implementations
 
@@ -151,7 +151,7 @@ def test_cr2_prefill_ring_read_before_save(impl):
 def test_public_calls_capture_on_both_paths(eager, monkeypatch):
     """A public call captures into a CUDA graph whether it goes straight to the kernel (eager
     path) or through torch.ops.dsv41 (DSV41_EAGER_OPS=0), and replays to the eager bytes."""
-    from dsv41 import _calls
+    from dsv41.core import _calls
 
     monkeypatch.setattr(_calls, "_eager", eager)
     g = torch.Generator().manual_seed(1)

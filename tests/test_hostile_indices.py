@@ -167,7 +167,7 @@ def test_rehome_keeps_views_and_bytes(use_numpy):
     """Every site's case: rehomed arguments have the same shape, strides, storage offset
     (relative to their storage), dtype and bytes; the reference writes the same bytes.  The
     torch-buffer path is the one CUDA tensors take."""
-    from dsv41.conformance import clone_args
+    from dsv41.tools.conformance import clone_args
     from dsv41.reference import ReferenceBackend
 
     ref = ReferenceBackend()
@@ -213,14 +213,14 @@ def test_sites_match_the_contract():
             assert {-2, -(10**6), -(2**31)} <= set(vals), sid
         else:
             assert min(vals) >= 0, sid
-    assert set(hostile.ops_with_sites()) | set(hostile.NO_INDEX_OPS) == set(__import__("dsv41.registry", fromlist=["OPS"]).OPS)
+    assert set(hostile.ops_with_sites()) | set(hostile.NO_INDEX_OPS) == set(__import__("dsv41.core.registry", fromlist=["OPS"]).OPS)
 
 
 def test_bounds_agree_with_index_checks(monkeypatch):
     """The first invalid value of every non-defined site is rejected by ``DSV41_VALIDATE``'s
     checks, the value below it (where the bound is tight) and the unmodified case are not, and
     negative values are rejected exactly where they are invalid."""
-    from dsv41 import index_checks
+    from dsv41.core import index_checks
 
     monkeypatch.setenv("DSV41_VALIDATE", "1")
     index_checks.refresh()
@@ -258,8 +258,8 @@ def test_bounds_agree_with_index_checks(monkeypatch):
 def test_hostile_elements_are_live(monkeypatch):
     """The hostile element is one the op uses: an in-range change of it changes what the
     reference writes (index checks switched off, so the plain computation decides)."""
-    from dsv41 import index_checks
-    from dsv41.conformance import clone_args
+    from dsv41.core import index_checks
+    from dsv41.tools.conformance import clone_args
     from dsv41.reference import ReferenceBackend
 
     if hasattr(index_checks, "enforce"):
@@ -278,7 +278,7 @@ def test_hostile_elements_are_live(monkeypatch):
         a1 = hostile.apply_value(s, clone_args(args), alt)
         ref.load(s.op)(*a0)
         ref.load(s.op)(*a1)
-        from dsv41.conformance import written_bytes
+        from dsv41.tools.conformance import written_bytes
 
         if all(torch.equal(written_bytes(a0[i]), written_bytes(a1[i])) for i in case.writes if a0[i] is not None):
             dead.append(f"{s.id}: {orig} -> {alt} changes nothing")

@@ -1,4 +1,4 @@
-"""Opt-in index-range validation (``DSV41_VALIDATE=1``, ``dsv41.index_checks``).
+"""Opt-in index-range validation (``DSV41_VALIDATE=1``, ``dsv41.core.index_checks``).
 
 For every op and every bad-index class (block id >= num_blocks, slot beyond the cache,
 negative values where they are not allowed, positions beyond the cos/sin cache,
@@ -21,8 +21,8 @@ import pytest
 import torch
 
 import dsv41
-from dsv41 import index_checks, op_specs
-from dsv41.conformance import CASES
+from dsv41.core import index_checks, op_specs
+from dsv41.tools.conformance import CASES
 
 BF16, F32, I32, I64, U8 = torch.bfloat16, torch.float32, torch.int32, torch.int64, torch.uint8
 
@@ -300,7 +300,7 @@ def call_check(op, kw):
 
 
 class KernelRecorder:
-    """Stands in for every kernel (``dsv41.registry.kernel``): records the calls."""
+    """Stands in for every kernel (``dsv41.core.registry.kernel``): records the calls."""
 
     def __init__(self):
         self.calls = []
@@ -328,7 +328,7 @@ def wired(op) -> bool:
 def recorder(monkeypatch):
     """Every torch.ops.dsv41 op dispatches through ``registry.kernel``: record instead of
     running a kernel (no kernel ever sees an out-of-range index here)."""
-    from dsv41 import registry
+    from dsv41.core import registry
 
     rec = KernelRecorder()
     monkeypatch.setattr(registry, "kernel", rec.kernel)
@@ -371,7 +371,7 @@ def test_env_read_once(monkeypatch):
 
 
 def _ops():
-    from dsv41.registry import OPS
+    from dsv41.core.registry import OPS
 
     return OPS
 

@@ -12,7 +12,7 @@ import itertools
 import pytest
 import torch
 
-from dsv41.conformance import _on, _paged, _slots, clone_args, edge_rows, written_bytes
+from dsv41.tools.conformance import _on, _paged, _slots, clone_args, edge_rows, written_bytes
 from dsv41.reference import ReferenceBackend
 from impls import Impl, implementations
 
@@ -29,7 +29,7 @@ def _write_args(width, fnuz, writer_kind):
         flat = cache.as_strided((NB, cache.stride(0)), (cache.stride(0), 1))
         return [k, flat, slots, BS, fnuz, width], cache
     pos = torch.arange(N, dtype=torch.int64)
-    from dsv41.conformance import _cos_sin
+    from dsv41.tools.conformance import _cos_sin
 
     return [k, pos, _cos_sin(N, 64), cache, slots, 1, None, False], cache
 

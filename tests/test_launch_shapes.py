@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dsv41.backends.triton import launch
-from dsv41.conformance import CASES, _on, clone_args, written_bytes
+from dsv41.tools.conformance import CASES, _on, clone_args, written_bytes
 from dsv41.reference import ReferenceBackend
 from impls import implementations
 

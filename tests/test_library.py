@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import dsv41
-from dsv41 import registry
-from dsv41.conformance import CASES, clone_args, written_bytes
+from dsv41.core import registry
+from dsv41.tools.conformance import CASES, clone_args, written_bytes
 
 # One representative case per op (opcheck runs each op several times).
 FIRST = {}

@@ -1,4 +1,4 @@
-"""``dsv41.public_calls``: the public call the bench times against each kernel runs that kernel
+"""``dsv41.tools.public_calls``: the public call the bench times against each kernel runs that kernel
 on the same arguments -- the same bytes in every tensor argument, and the outputs the public
 function allocates itself equal to the kernel's."""
 
@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsv41 import bench, op_specs, registry
-from dsv41.conformance import clone_args, written_bytes
-from dsv41.platform import probe
-from dsv41.public_calls import public_call
+from dsv41.tools import bench
+from dsv41.core import op_specs, registry
+from dsv41.tools.conformance import clone_args, written_bytes
+from dsv41.core.platform import probe
+from dsv41.tools.public_calls import public_call
 
 
 def _returned(r) -> list:

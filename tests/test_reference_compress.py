@@ -18,7 +18,7 @@ import torch
 
 import golden  # noqa: E402  (tests/ is on sys.path)
 
-from dsv41.codecs import e2m1_decode, e4m3_decode, unpack_nibbles
+from dsv41.core.codecs import e2m1_decode, e4m3_decode, unpack_nibbles
 from dsv41.reference.compress import fused_save_compress_norm, rope_quant_insert
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -14,8 +14,8 @@ import torch
 
 import golden  # noqa: E402  (tests/ is on sys.path)
 
-from dsv41.codecs import e4m3_decode
-from dsv41.formats import V4_FP8, V41_MXFP8, V41_NVFP4
+from dsv41.core.codecs import e4m3_decode
+from dsv41.core.formats import V4_FP8, V41_MXFP8, V41_NVFP4
 from dsv41.reference.k_cache import (
     dequantize_and_gather_k_cache,
     quantize_and_insert_k_cache,

@@ -23,7 +23,7 @@ import torch
 
 import golden  # noqa: E402  (tests/ is on sys.path)
 
-from dsv41.codecs import bit_ceil_log2, ceil_log2, inv_const
+from dsv41.core.codecs import bit_ceil_log2, ceil_log2, inv_const
 from dsv41.fused_layout import (
     apply_o_fused_permutation,
     apply_q_fused_permutation,

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import dsv41
-from dsv41 import platform, registry
+from dsv41.core import platform, registry
 
 # What the design intends each platform to run (DSV41_PLATFORM injection):
 # NVIDIA -> the Triton kernels (CuTe DSL where cutlass imports and the op has one),

@@ -21,8 +21,8 @@ import torch
 from impls import implementations
 
 import dsv41
-from dsv41 import index_checks
-from dsv41.conformance import _on
+from dsv41.core import index_checks
+from dsv41.tools.conformance import _on
 
 OP = "compute_global_topk_indices_and_lens"
 I32 = torch.int32

@@ -21,11 +21,11 @@ import pytest
 import torch
 
 import dsv41
-from dsv41 import registry
+from dsv41.core import registry
 from dsv41 import transcode as T
-from dsv41.codecs import e4m3_decode, e4m3_encode, ue8m0_decode
-from dsv41.conformance import cases_for, clone_args, edge_rows, written_bytes
-from dsv41.formats import INDEXER_FP8, RECORDS, CacheLayout
+from dsv41.core.codecs import e4m3_decode, e4m3_encode, ue8m0_decode
+from dsv41.tools.conformance import cases_for, clone_args, edge_rows, written_bytes
+from dsv41.core.formats import INDEXER_FP8, RECORDS, CacheLayout
 from dsv41.reference import transcode as R
 from dsv41.reference.k_cache import dequantize_and_gather_k_cache as ref_gather
 from dsv41.reference.k_cache import quantize_and_insert_k_cache as ref_insert
@@ -500,7 +500,7 @@ def test_round_trip_ocp_fnuz_ocp_on_quantizer_caches(width, registered):
 
 @pytest.mark.parametrize("tiled", [False, True], ids=["rows", "tiled"])
 def test_round_trip_indexer_fp8(tiled, registered):
-    from dsv41.conformance import _cos_sin
+    from dsv41.tools.conformance import _cos_sin
 
     B, nb = 32, 3
     n = nb * B

@@ -34,7 +34,7 @@ pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 import triton_interp  # noqa: E402  (tests/ is on sys.path: conftest / rootdir import)
 
-from dsv41.codecs import (  # noqa: E402
+from dsv41.core.codecs import (  # noqa: E402
     ceil_log2,
     e2m1_decode,
     e2m1_encode,

@@ -37,7 +37,7 @@ if not torch.cuda.is_available() and interpreter_unsupported_reason():
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from dsv41 import codecs  # noqa: E402
+from dsv41.core import codecs  # noqa: E402
 from dsv41.reference import indexer as ref_indexer  # noqa: E402
 from dsv41.reference import output_quant as ref_oq  # noqa: E402
 from dsv41.reference import sparse_indices as ref_si  # noqa: E402

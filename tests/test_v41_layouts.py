@@ -1,4 +1,4 @@
-"""The two places of the V4.1 records' scales (``dsv41.formats``) through the public API.
+"""The two places of the V4.1 records' scales (``dsv41.core.formats``) through the public API.
 
 * the default is vLLM 0.33's interleaved record: each token's scales right after its values;
 * ``v41_layout="paged"`` writes the development snapshot's page layout, and the two hold the
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import dsv41
-from dsv41.conformance import edge_rows
-from dsv41.formats import RECORDS, CacheLayout
+from dsv41.tools.conformance import edge_rows
+from dsv41.core.formats import RECORDS, CacheLayout
 
 U8, I32, I64, BF16, F32 = torch.uint8, torch.int32, torch.int64, torch.bfloat16, torch.float32
 CANARY = 0xA5

@@ -13,9 +13,9 @@ patterns, and ``log2`` on float32 goes through numpy's float32 routine.
   saturates to +-57344, fp32 -> bf16 is RNE with every NaN -> 0x7FFF (``cvt.rn.bf16.f32``);
   upcasts are exact.  Explicit round-toward-zero requests keep Triton's own routine.
 * ``InterpreterBuilder.create_fma`` -> one rounding for float32 (float64 product, sum
-  rounded to odd, then float64 -> float32; the same construction as ``dsv41.codecs.fma32``).
+  rounded to odd, then float64 -> float32; the same construction as ``dsv41.core.codecs.fma32``).
 * ``InterpreterBuilder.create_log2`` -> float32 log2 evaluated in float64, rounded once
-  (``ceil(log2 x)`` in the kernels then equals ``dsv41.codecs.ceil_log2``).
+  (``ceil(log2 x)`` in the kernels then equals ``dsv41.core.codecs.ceil_log2``).
 * ``InterpreterBuilder.create_dot`` -> bf16 operands are widened to float32 first.
 * ``JITFunction.__call__`` -> while an interpreted kernel runs, a compiled-mode
   ``@triton.jit`` function it calls (Triton's own ``tl.max``/``tl.sum``/... when triton was

@@ -4,7 +4,7 @@ The build needs only a C++ compiler (``backends/cpu/_build.py``); without one, t
 sheet reports the compiler error and the registry falls back to the reference, logging why.
 """
 
-from dsv41.registry import Backend
+from dsv41.core.registry import Backend
 
 _C = "dsv41.backends.cpu."
 

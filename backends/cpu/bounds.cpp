@@ -3,7 +3,7 @@
 // The CPU kernels check every index they would follow before they write anything, always
 // (not only under DSV41_VALIDATE): one pass over the index vectors -- never over the data --
 // that returns the position of the first index outside its tensor, or -1.  The launchers
-// (bounds.py) turn a hit into the typed ValueError of dsv41.index_checks, so a bad slot,
+// (bounds.py) turn a hit into the typed ValueError of dsv41.core.index_checks, so a bad slot,
 // block id, length or position costs a Python exception instead of the process.
 //
 // Index vectors are int32 or int64 with an element stride; every comparison is done in

@@ -6,7 +6,7 @@ Before a kernel runs, its launcher scans the index vectors (one vectorized pass 
 indices, never over the data: about 4 us per call at 1 to 16384 tokens, measured on the
 2-core CI machine, 0.3-1.2 % of the kernels at 16384 tokens) and, on a hit, raises the
 ``ValueError`` that ``DSV41_VALIDATE=1`` gives -- op, argument, position, value, valid
-range (``dsv41.index_checks.enforce``) -- before anything is written.  The rule per
+range (``dsv41.core.index_checks.enforce``) -- before anything is written.  The rule per
 argument is docs/bad_input.md's table.
 """
 
@@ -16,7 +16,7 @@ import ctypes
 
 import torch
 
-from dsv41 import index_checks
+from dsv41.core import index_checks
 
 from ._build import load_typed
 

@@ -1,7 +1,7 @@
 """NVIDIA backend: the shared Triton kernels (``backends/triton``) and CuTe DSL kernels."""
 
 from dsv41.backends.triton.sheet import TRITON_KERNELS
-from dsv41.registry import Backend
+from dsv41.core.registry import Backend
 
 NVIDIA_ARCHS = ("sm_90", "sm_100", "sm_103", "sm_120")
 

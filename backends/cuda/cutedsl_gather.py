@@ -54,7 +54,7 @@ import threading
 
 import torch
 
-from dsv41 import formats as _formats
+from dsv41.core import formats as _formats
 
 __all__ = [
     "dequantize_and_gather_k_cache",
@@ -80,7 +80,7 @@ THREADS = WARPS * 32
 _CTAS_PER_SM = 8
 
 # record width -> (value bytes, scale bytes, quantized dims, group) of the fp8 KV records the
-# kernel decodes (dsv41.formats)
+# kernel decodes (dsv41.core.formats)
 RECORDS = {
     r.width: (r.value_bytes, r.scale_bytes, r.quant_dims, r.group) for r in (_formats.V4_FP8, _formats.V41_MXFP8)
 }

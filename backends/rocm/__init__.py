@@ -2,7 +2,7 @@
 fp8 flavour (FNUZ on gfx942 caches, OCP on gfx950) and the ROCm tiled indexer layout."""
 
 from dsv41.backends.triton.sheet import TRITON_KERNELS
-from dsv41.registry import Backend
+from dsv41.core.registry import Backend
 
 
 class RocmBackend(Backend):

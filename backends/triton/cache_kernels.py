@@ -13,7 +13,7 @@ One source for every vendor, parametrized by constexprs instead of copied:
                  rope_quant_ops §1.5 "(L)") from the bits of r: exponent k plus one unless
                  the mantissa j is small enough that fl32(log2 r) rounds onto k (a fixed
                  per-binade threshold, ``_ceil_log2``).  Equal by construction to
-                 ``dsv41.codecs.ceil_log2`` on every normal r; ``False`` uses
+                 ``dsv41.core.codecs.ceil_log2`` on every normal r; ``False`` uses
                  ``ceil(tl.log2(r))`` (libdevice on NVIDIA, ``v_log_f32`` on AMD).
 * ``SANITIZE``   the gfx950 rule of spec §2.5 (``rope_quant_insert`` only).
 * tiled layouts  ROCm's 16x16 FP8 / preshuffled MXFP4 indexer layouts (``TILED``/``NPT``).
@@ -54,7 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41.formats import RECORDS
+from dsv41.core.formats import RECORDS
 
 from . import launch
 from .aot import AotSpec, register
@@ -907,7 +907,7 @@ def _quant_insert_kernel(
 
 
 def _geometry(width: int) -> dict:
-    """Constexpr geometry of a paged KV record, read from ``dsv41.formats``: NQ quantized
+    """Constexpr geometry of a paged KV record, read from ``dsv41.core.formats``: NQ quantized
     groups of G dims (NG: the power of two the group axis is padded to), VB value bytes and
     SB scale bytes per token."""
     rec = RECORDS[int(width)]

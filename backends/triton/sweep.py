@@ -2,7 +2,7 @@
 
 ``python -m dsv41.backends.triton.sweep --out DIR [--jobs N] [--only NAME ...]``
 
-For each benchmark variant of ``dsv41.bench`` that has tunable launch shapes, every shape
+For each benchmark variant of ``dsv41.tools.bench`` that has tunable launch shapes, every shape
 of its grid is timed at ``--tokens`` (default 65536) against a same-size device copy
 (fraction of copy, as in the benchmark) and, at 64 tokens, under CUDA-graph replay.  Launch
 shapes never change the bytes a kernel writes (docs/kernel_contract.md); the conformance
@@ -28,7 +28,7 @@ import time
 import torch
 from dsv41.backends.triton import cache_kernels, index_kernels, rope_kernels
 
-from dsv41 import bench
+from dsv41.tools import bench
 
 DEFAULT = None  # the built-in launch shape of a launcher
 _ABSENT = object()  # a table key the sweep added (removed again afterwards)

@@ -23,14 +23,14 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41.formats import RECORDS
+from dsv41.core.formats import RECORDS
 
 from . import launch
 
 __all__ = ["transcode_k_cache"]
 
 # width -> (VB value bytes, SB scale bytes, NG fp8 groups, G bytes per group, TAIL verbatim
-#           value bytes after the groups, FP32 scale), from the records of dsv41.formats
+#           value bytes after the groups, FP32 scale), from the records of dsv41.core.formats
 _RECORDS = {
     w: (r.value_bytes, r.scale_bytes, r.n_groups, r.group, 2 * r.bf16_dims, r.scale == "fp32")
     for w, r in RECORDS.items() if r.holds_fp8

@@ -3,7 +3,7 @@ carry Intel's Triton backend).  intel-extension-for-pytorch is not used: it is e
 pins torch 2.8."""
 
 from dsv41.backends.triton.sheet import TRITON_KERNELS
-from dsv41.registry import Backend
+from dsv41.core.registry import Backend
 
 
 class XpuBackend(Backend):

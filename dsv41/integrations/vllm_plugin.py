@@ -301,9 +301,9 @@ def _implementation(op: str, device) -> tuple[str | None, str]:
     """(name, note) of what dsv41's registry selects for ``op`` on ``device`` (name None: nothing
     runs there).  Uses the registry's own resolution when dsv41 has probed the machine already
     (or it is a CPU); otherwise the same walk over the candidates on the platform vLLM reports."""
-    from dsv41 import platform as dplat
-    from dsv41 import registry
-    from dsv41.formats import Fp8Flavour
+    from dsv41.core import platform as dplat
+    from dsv41.core import registry
+    from dsv41.core.formats import Fp8Flavour
 
     vendor, device_type, arch = device
     if dplat._cached is not None or device_type == "cpu" or os.environ.get("DSV41_PLATFORM"):

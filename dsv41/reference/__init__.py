@@ -4,7 +4,7 @@ It is the ground truth every backend is compared with, and the last fallback of 
 registry (it runs on any device, slowly).
 """
 
-from dsv41.registry import Backend
+from dsv41.core.registry import Backend
 
 _R = "dsv41.reference."
 

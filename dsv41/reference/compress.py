@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import torch
 
-from .. import index_checks as _ic
-from ..codecs import (
+from ..core import index_checks as _ic
+from ..core.codecs import (
     clamp_sym,
     e4m3_encode,
     fma32,
 )
-from ..formats import V4_FP8, V41_MXFP8, V41_NVFP4, CacheLayout, record_for_width
+from ..core.formats import V4_FP8, V41_MXFP8, V41_NVFP4, CacheLayout, record_for_width
 from .k_cache import quantize_nvfp4_groups, quantize_ue8m0_groups
 
 __all__ = ["fused_save_compress_norm", "save_ring_rows", "rope_quant_insert"]

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import index_checks as _ic
-from ..codecs import (
+from ..core import index_checks as _ic
+from ..core.codecs import (
     F32_1E_4,
     ceil_log2,
     clamp_sym,
@@ -35,7 +35,7 @@ from ..codecs import (
     pack_nibbles,
     rnbf16,
 )
-from ..formats import (
+from ..core.formats import (
     INDEXER_FP8,
     INDEXER_MXFP4,
     MXFP4_BLOCK_SIZE,

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from dsv41 import index_checks as _ic
-from dsv41.codecs import (
+from dsv41.core import index_checks as _ic
+from dsv41.core.codecs import (
     F32_1E_4,
     ceil_log2,
     clamp_sym,
@@ -38,7 +38,7 @@ from dsv41.codecs import (
     ue8m0_decode,
     unpack_nibbles,
 )
-from dsv41.formats import (
+from dsv41.core.formats import (
     V4_FP8,
     V41_MXFP8,
     V41_NVFP4,
@@ -204,7 +204,7 @@ def quantize_and_insert_k_cache(
 
     ``bytes_per_token`` 528 selects the V4.1 MXFP8 record; anything else the V4 584
     record (as upstream; the public layer only lets 584/528 through).  ``interleaved``
-    places each 528 token's scales right after its values (``dsv41.formats``).
+    places each 528 token's scales right after its values (``dsv41.core.formats``).
     """
     _ic.enforce("quantize_and_insert_k_cache", [k, k_cache, slot_mapping, block_size])
     rec = V41_MXFP8 if bytes_per_token == V41_MXFP8.width else V4_FP8

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from dsv41 import index_checks as _ic
-from dsv41.codecs import ceil_log2, clamp_sym, e4m3_encode, exp2i, fma32, inv_const
+from dsv41.core import index_checks as _ic
+from dsv41.core.codecs import ceil_log2, clamp_sym, e4m3_encode, exp2i, fma32, inv_const
 from dsv41.fused_layout import o_fused_chunk_permutation, o_fused_permutation
 
 __all__ = ["fused_inv_rope_fp8_quant", "fused_q_kv_rmsnorm_quant", "pad_fused_q_heads"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv41.formats import INDEXER_FP8, CacheLayout, Record, record_for_width
+from dsv41.core.formats import INDEXER_FP8, CacheLayout, Record, record_for_width
 
 __all__ = [
     "transcode_k_cache",

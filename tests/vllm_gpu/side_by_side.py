@@ -9,7 +9,7 @@ directory: vLLM's own op files from the archive tools/vllm_gpu_pack.sh builds fr
 
 1. Every compared name is looked up on the vLLM module its model code imports it from (the
    V4.1 ops package, else the defining submodule) and called on seeded inputs of the project's
-   bench shapes (dsv41.bench): the bytes of every tensor argument and return value are kept,
+   bench shapes (dsv41.tools.bench): the bytes of every tensor argument and return value are kept,
    and the call is timed.
 2. ``vllm.plugins.load_general_plugins()`` runs dsv41's entry point (``register()`` directly
    when dsv41 is not installed with its entry point), with ``DSV41_VLLM_OPS=all`` unless set.
@@ -124,7 +124,7 @@ def _plat():
 
 
 def _variant(op: str, variant):
-    from dsv41 import bench
+    from dsv41.tools import bench
 
     return next(v for v in bench.VARIANTS if v.op == op and v.variant == variant)
 
@@ -133,7 +133,7 @@ def build_args(torch, case, tokens: int, device):
     """(args, kwargs) of the vLLM call for ``case`` at ``tokens`` tokens (seeded: the same
     values on every call).  Buffers the op allocates empty are filled with 0x5A, so bytes an
     op leaves unwritten compare equal."""
-    from dsv41 import bench
+    from dsv41.tools import bench
 
     label, _, _, op, variant, n, _ = case
 

@@ -93,7 +93,7 @@ _ARGS = {
 
 def public_function(op: str) -> Callable:
     if op == "transcode_k_cache":
-        from .transcode import transcode_k_cache
+        from ..transcode import transcode_k_cache
 
         return transcode_k_cache
     import dsv41

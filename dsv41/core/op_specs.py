@@ -5,10 +5,10 @@ An ``OpSpec`` holds what the rest of the package derives its tables from:
 * the op's name (``registry.OPS``, ``DSV41_BACKEND_<OP>``, the backends' sheets);
 * the kernel contract's signature (docs/kernel_contract.md): argument names, types and
   defaults, and which tensors the kernel writes (``Tensor!`` / ``Tensor?!``).  From it come the
-  ``torch.ops.dsv41.<name>`` schema and mutation declaration (``dsv41._library``), the
-  arguments a conformance case compares by default (``dsv41.conformance``) and the named
+  ``torch.ops.dsv41.<name>`` schema and mutation declaration (``dsv41.core._library``), the
+  arguments a conformance case compares by default (``dsv41.tools.conformance``) and the named
   access to kernel arguments (``OpSpec.position``);
-* its index contract: the ``dsv41.index_checks`` function that checks the indices, called
+* its index contract: the ``dsv41.core.index_checks`` function that checks the indices, called
   with the kernel arguments it names, and whether the reference and the CPU kernels enforce
   the bounds on every call (``enforced``; docs/bad_input.md).
 
@@ -33,7 +33,7 @@ class OpSpec:
     # "(Tensor k, Tensor! k_cache, SymInt block_size, ...)": a torch.library schema's argument
     # list where a written tensor is spelled ``Tensor!`` (``Tensor?!`` when optional).
     signature: str
-    # function of dsv41.index_checks taking kernel arguments by their names; None: the op
+    # function of dsv41.core.index_checks taking kernel arguments by their names; None: the op
     # takes no index whose range needs checking
     index_check: str | None = None
     # the reference and the CPU kernels enforce the index bounds on every call (not only

@@ -21,8 +21,8 @@ from typing import Callable
 
 import torch
 
-from . import op_specs
-from .formats import RECORDS
+from ..core import op_specs
+from ..core.formats import RECORDS
 
 __all__ = ["Case", "CASES", "cases_for", "clone_args", "written_bytes", "PIPELINE"]
 
@@ -36,7 +36,7 @@ class Case:
     name: str
     build: Callable  # (device) -> list of kernel args
     # positions of the args the kernel writes; by default every tensor its declaration
-    # (dsv41.op_specs) marks as written, a subset where this case's mode writes fewer
+    # (dsv41.core.op_specs) marks as written, a subset where this case's mode writes fewer
     writes: tuple | None = None
 
     def __post_init__(self):
@@ -179,7 +179,7 @@ def _quant_insert(width, fnuz, block_size=64, n=40, pad=512, nonfinite=False, se
 
 def _gather(width, fnuz, partial=False, noncontig=False, block_size=64, seed=2, interleaved=False):
     def build(device):
-        from .reference.k_cache import quantize_and_insert_k_cache as ref_insert
+        from ..reference.k_cache import quantize_and_insert_k_cache as ref_insert
 
         nb = 7
         cache = _paged(nb, block_size, width, 512)
@@ -521,7 +521,7 @@ def _transcode(width, src_fnuz, dst_fnuz, block_size=16, pad=64, tiled=False, id
 
 def _transcode_cases() -> list:
     """Kernel-contract cases of ``transcode_k_cache`` (every fp8 record, both directions, the
-    tiled indexer layout, identity), in the format of ``dsv41.conformance.CASES``.  In-place
+    tiled indexer layout, identity), in the format of ``dsv41.tools.conformance.CASES``.  In-place
     calls are tested in tests/test_transcode.py (the conformance harness clones each argument
     separately, so it cannot express aliasing)."""
     out = []
@@ -553,7 +553,7 @@ def _all_cases() -> list[Case]:
             A(Case("dequantize_and_gather_k_cache", f"{w}-{f}-partial", _gather(w, fnuz, partial=True)))
         A(Case("dequantize_and_gather_k_cache", f"{w}-noncontig-table", _gather(w, False, noncontig=True)))
         A(Case("dequantize_and_gather_k_cache", f"{w}-b16", _gather(w, False, block_size=16, partial=True)))
-    # vLLM 0.33's interleaved V4.1 records (dsv41.formats)
+    # vLLM 0.33's interleaved V4.1 records (dsv41.core.formats)
     for fnuz in (False, True):
         f = "fnuz" if fnuz else "ocp"
         A(Case("quantize_and_insert_k_cache", f"528-{f}-interleaved", _quant_insert(528, fnuz, interleaved=True)))

@@ -14,7 +14,7 @@ preallocated once.  Reported per row:
   host wait; on the CPU the kernel's work included);
 * ``host_public_seconds`` (tokens <= 64, the implementation the registry selects): the same
   for the public function with vLLM's signature on the same arguments
-  (``dsv41.public_calls``): argument checks, output allocation and dispatch included, so
+  (``dsv41.tools.public_calls``): argument checks, output allocation and dispatch included, so
   ``host_public_seconds - host_seconds`` is what a public call adds to its kernel;
 * ``graph_seconds`` (CUDA, tokens <= 64): median per-call time of CUDA-graph
   replay (``GRAPH_CALLS`` calls captured in one graph);
@@ -48,10 +48,10 @@ from collections.abc import Callable
 
 import torch
 
-from . import platform as _platform
-from . import registry
+from ..core import platform as _platform
+from ..core import registry
 from .public_calls import public_call
-from .formats import DEFAULT_V41_LAYOUT, interleaved_for
+from ..core.formats import DEFAULT_V41_LAYOUT, interleaved_for
 
 __all__ = ["DEFAULT_TOKENS_CPU", "DEFAULT_TOKENS_GPU", "VARIANTS", "main"]
 
@@ -164,7 +164,7 @@ def _fp8_bytes(gen: _Gen, n: int) -> torch.Tensor:
 
 def _filled_k_cache(gen: _Gen, n_pages: int, width: int, interleaved: bool = False) -> torch.Tensor:
     """A ``[n_pages, BLOCK, width]`` paged K cache of plausible records (finite values)."""
-    from .formats import record_for_width
+    from ..core.formats import record_for_width
 
     rec = record_for_width(width)
     cache = gen.empty(n_pages, BLOCK, width, dtype=U8)
@@ -185,7 +185,7 @@ def _filled_k_cache(gen: _Gen, n_pages: int, width: int, interleaved: bool = Fal
         scales.copy_(gen.randint(0x30, 0x41, n_pages, sb, dtype=U8))
     pages[:, vb + sb :].zero_()
     if interleaved:  # the same records at their interleaved places
-        from .transcode import _record_order
+        from ..transcode import _record_order
 
         order = _record_order(width, BLOCK, True).to(pages.device)
         moved = pages.clone()

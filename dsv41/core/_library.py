@@ -1,4 +1,4 @@
-"""The ``torch.ops.dsv41.*`` custom ops, one per ``dsv41.op_specs`` declaration.
+"""The ``torch.ops.dsv41.*`` custom ops, one per ``dsv41.core.op_specs`` declaration.
 
 Every op has the kernel-contract signature (docs/kernel_contract.md): the public function has
 already validated arguments and allocated outputs, so each op only writes into the tensors its

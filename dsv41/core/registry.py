@@ -41,7 +41,7 @@ __all__ = [
 
 log = logging.getLogger("dsv41")
 
-# Every dispatched op, in pipeline order (declared in dsv41.op_specs).
+# Every dispatched op, in pipeline order (declared in dsv41.core.op_specs).
 OPS = _op_specs.OPS
 
 
@@ -117,13 +117,13 @@ def _load(where: str) -> Callable:
 
 def _backends() -> list[Backend]:
     """All backends, in the default order of preference."""
-    from .backends import ALL_BACKENDS
+    from ..backends import ALL_BACKENDS
 
     return [cls() for cls in ALL_BACKENDS]
 
 
 def candidates(op: str, plat) -> list[Backend]:
-    from .backends import order_for
+    from ..backends import order_for
 
     by_name = {b.name: b for b in _backends()}
     return [by_name[n] for n in order_for(op, plat.arch) if n in by_name]
@@ -262,7 +262,7 @@ class Explanation:
 
 def explain(op: str, *args, device_type: str | None = None) -> Explanation:
     """Which backend runs ``op`` on these kernel-contract arguments (docs/kernel_contract.md;
-    ``dsv41.public_calls`` maps a public call to them) and why the candidates ranked above it
+    ``dsv41.tools.public_calls`` maps a public call to them) and why the candidates ranked above it
     do not: rejected for the platform, or outside the input limits of their sheet.  The
     device type is the tensors' unless given."""
     if device_type is None:

@@ -600,7 +600,7 @@ def check_transcode_k_cache(src, dst, block_ids) -> None:
 
 def _bind(op: str):
     """``(check function, (name, position) of each of its parameters among the kernel
-    arguments)`` from the op's declaration (``dsv41.op_specs``): a check takes the kernel
+    arguments)`` from the op's declaration (``dsv41.core.op_specs``): a check takes the kernel
     arguments it names."""
     hit = _bound.get(op)
     if hit is None:
