@@ -26,6 +26,8 @@
 #include <limits>
 #include <vector>
 
+#include "record_geometry.h"  // generated from dsv41.core.formats at build time (_build.py)
+
 #include "common.h"
 
 // Full-width AVX-512 vectors for the auto-vectorized loops (gcc's default tuning on AVX-512
@@ -38,9 +40,21 @@ using namespace dsv41cpu;
 
 namespace {
 
-constexpr int HEAD = 512;   // latent / K width
-constexpr int NOPE = 448;   // dims [0, 448) NoPE, [448, 512) the 32 RoPE pairs
-constexpr int IDX_D = 128;  // indexer key width
+using R584 = rec::Record<584>;  // V4: 448 e4m3 NoPE dims in 7 groups + 64 bf16 RoPE dims
+using R528 = rec::Record<528>;  // V4.1 MXFP8: 16 groups of 32
+using R288 = rec::Record<288>;  // V4.1 NVFP4: 32 groups of 16
+using RIDX8 = rec::Record<132>;  // indexer FP8 key
+using RIDX4 = rec::Record<68>;   // indexer MXFP4 key
+constexpr int HEAD = R528::head_dim;    // latent / K width (512)
+constexpr int NOPE = R584::quant_dims;  // dims [0, 448) NoPE, [448, 512) the 32 RoPE pairs
+constexpr int IDX_D = RIDX8::head_dim;  // indexer key width (128)
+static_assert(R584::head_dim == HEAD && R288::head_dim == HEAD && R584::quant_dims + R584::bf16_dims == HEAD,
+              "records of one latent width");
+// The NVFP4 token paths (and their AVX-512 forms, one 16-lane vector per group) are written
+// for groups of 16 dims, 8 packed bytes; the scale row of 32 codes loads as two vectors.
+static_assert(RIDX4::scale_bytes == RIDX8::scale_bytes, "indexer keys: 4 scale bytes per token");
+static_assert(R288::group == 16 && R288::n_groups == 32 && R288::value_bytes == R288::n_groups * 8,
+              "NVFP4 record geometry");
 
 // =======================================================================================
 // port: per-token building blocks in plain C++ (the reference semantics, any CPU)
@@ -121,7 +135,7 @@ static inline void decode_ue8m0(const uint8_t* __restrict v, const uint8_t* __re
 static inline void decode_nvfp4(const uint8_t* __restrict v, const uint8_t* __restrict scales,
                                 uint16_t* __restrict out) {
     const float* lut = e2m1_tables().plus_zero;
-    for (int g = 0; g < 32; ++g) {
+    for (int g = 0; g < R288::n_groups; ++g) {
         const float S = e4m3fn_decode(scales[g]);
         const uint8_t* vg = v + g * 8;
         uint16_t* og = out + g * 16;
@@ -441,7 +455,7 @@ static inline void decode_nvfp4(const uint8_t* __restrict v, const uint8_t* __re
     alignas(64) float S[32];
     _mm512_storeu_ps(S, v16_e4m3_decode<false>(_mm_loadu_si128((const __m128i*)scales)));
     _mm512_storeu_ps(S + 16, v16_e4m3_decode<false>(_mm_loadu_si128((const __m128i*)(scales + 16))));
-    for (int g = 0; g < 32; ++g) {
+    for (int g = 0; g < R288::n_groups; ++g) {
         const __m128i b8 = _mm_loadl_epi64((const __m128i*)(v + 8 * g));
         const __m512i idx = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(b8, b8)), shifts);
         // e2m1 value (<= 2 significant bits) times an e4m3 scale (<= 4 bits, >= 2^-9): the
@@ -731,10 +745,11 @@ template <bool FNUZ>
 static void quantize_insert_584(const uint16_t* k, int64_t ks0, uint8_t* cache, int64_t ps,
                                 const int64_t* slots, int64_t T, int64_t B) {
     const uint32_t* thr = ceil_log2_table().thr;
-    const RecLayout L = rec_layout(B, 576, 8, false);
+    constexpr int64_t VB = R584::value_bytes, SB = R584::scale_bytes;
+    const RecLayout L = rec_layout(B, VB, SB, false);
 #pragma omp parallel for schedule(dynamic, CHUNK) if (T >= PAR_MIN)
     for (int64_t t = 0; t < T; ++t) {
-        if (t + PF < T) prefetch_record(cache, ps, B, slots[t + PF], L, 576, 8, true);
+        if (t + PF < T) prefetch_record(cache, ps, B, slots[t + PF], L, VB, SB, true);
         const int64_t slot = slots[t];
         if (slot < 0) continue;
         const int64_t blk = slot / B, o = slot % B;
@@ -742,11 +757,11 @@ static void quantize_insert_584(const uint16_t* k, int64_t ks0, uint8_t* cache, 
         const uint16_t* row = k + t * ks0;
         alignas(64) float x[NOPE];
         tok::bf16_to_f32(row, x, NOPE);
-        uint8_t* val = page + o * 576;
-        uint8_t* sc = page + B * 576 + o * 8;
-        tok::quant_ue8m0<64, 7, FNUZ>(x, val, sc, false, thr);
-        sc[7] = 0;
-        std::memcpy(val + NOPE, row + NOPE, 128);  // RoPE dims: the bf16 bits verbatim
+        uint8_t* val = page + o * VB;
+        uint8_t* sc = page + B * VB + o * SB;
+        tok::quant_ue8m0<R584::group, R584::n_groups, FNUZ>(x, val, sc, false, thr);
+        sc[R584::n_groups] = 0;  // the pad byte after the scale codes
+        std::memcpy(val + NOPE, row + NOPE, 2 * R584::bf16_dims);  // RoPE dims: the bf16 bits verbatim
     }
 }
 
@@ -754,17 +769,18 @@ template <bool FNUZ>
 static void quantize_insert_528(const uint16_t* k, int64_t ks0, uint8_t* cache, int64_t ps,
                                 const int64_t* slots, int64_t T, int64_t B, bool interleaved) {
     const uint32_t* thr = ceil_log2_table().thr;
-    const RecLayout L = rec_layout(B, 512, 16, interleaved);
+    constexpr int64_t VB = R528::value_bytes, SB = R528::scale_bytes;
+    const RecLayout L = rec_layout(B, VB, SB, interleaved);
 #pragma omp parallel for schedule(dynamic, CHUNK) if (T >= PAR_MIN)
     for (int64_t t = 0; t < T; ++t) {
-        if (t + PF < T) prefetch_record(cache, ps, B, slots[t + PF], L, 512, 16, true);
+        if (t + PF < T) prefetch_record(cache, ps, B, slots[t + PF], L, VB, SB, true);
         const int64_t slot = slots[t];
         if (slot < 0) continue;
         const int64_t blk = slot / B, o = slot % B;
         uint8_t* page = cache + blk * ps;
         alignas(64) float x[HEAD];
         tok::bf16_to_f32(k + t * ks0, x, HEAD);
-        tok::quant_ue8m0<32, 16, FNUZ>(x, page + o * L.vs, page + L.s0 + o * L.ss, false, thr);
+        tok::quant_ue8m0<R528::group, R528::n_groups, FNUZ>(x, page + o * L.vs, page + L.s0 + o * L.ss, false, thr);
     }
 }
 
@@ -775,8 +791,8 @@ static void gather_impl(uint16_t* out, int64_t os0, int64_t os1, const uint8_t* 
                         const int32_t* seq_lens, const int32_t* gather_lens, int64_t R,
                         const int32_t* bt, int64_t bts0, int64_t bts1, int64_t B,
                         int64_t offset, bool interleaved) {
-    constexpr int64_t VB = W == 584 ? 576 : W == 528 ? 512 : 256;
-    constexpr int64_t SB = W == 584 ? 8 : W == 528 ? 16 : 32;
+    constexpr int64_t VB = rec::Record<W>::value_bytes;
+    constexpr int64_t SB = rec::Record<W>::scale_bytes;
     const RecLayout L = rec_layout(B, VB, SB, interleaved);
     std::vector<int64_t> first(R + 1);
     first[0] = 0;
@@ -810,10 +826,10 @@ static void gather_impl(uint16_t* out, int64_t os0, int64_t os1, const uint8_t* 
                 const uint8_t* page = cache + blk * ps;
                 uint16_t* dst = out + r * os0 + (offset + i) * os1;
                 if (W == 584) {
-                    tok::decode_ue8m0<64, 7, FNUZ>(page + o * 576, page + B * 576 + o * 8, dst);
-                    std::memcpy(dst + NOPE, page + o * 576 + NOPE, 128);
+                    tok::decode_ue8m0<R584::group, R584::n_groups, FNUZ>(page + o * VB, page + B * VB + o * SB, dst);
+                    std::memcpy(dst + NOPE, page + o * VB + NOPE, 2 * R584::bf16_dims);
                 } else if (W == 528) {
-                    tok::decode_ue8m0<32, 16, FNUZ>(page + o * L.vs, page + L.s0 + o * L.ss, dst);
+                    tok::decode_ue8m0<R528::group, R528::n_groups, FNUZ>(page + o * L.vs, page + L.s0 + o * L.ss, dst);
                 } else {
                     tok::decode_nvfp4(page + o * L.vs, page + L.s0 + o * L.ss, dst);
                 }
@@ -832,8 +848,8 @@ static void rope_quant_insert_impl(const uint16_t* latent, int64_t ls0, const in
                                    int64_t T, int64_t B, int64_t CR, float inv_scale,
                                    bool sanitize, bool interleaved) {
     const uint32_t* thr = ceil_log2_table().thr;
-    const int64_t vb = KIND == RK_584 ? 576 : KIND == RK_528 ? 512 : 256;
-    const int64_t sb = KIND == RK_584 ? 8 : KIND == RK_528 ? 16 : 32;
+    using R = rec::Record<KIND == RK_584 ? 584 : KIND == RK_528 ? 528 : 288>;  // unused for rows
+    const int64_t vb = R::value_bytes, sb = R::scale_bytes;
     const RecLayout L = rec_layout(B, vb, sb, interleaved);
     const int64_t esz = KIND == RK_BF16 ? 2 : 1;
 #pragma omp parallel for schedule(dynamic, CHUNK) if (T >= PAR_MIN)
@@ -861,19 +877,19 @@ static void rope_quant_insert_impl(const uint16_t* latent, int64_t ls0, const in
         if (KIND == RK_584) {
             // NoPE quantized from the unrotated latent; RoPE dims stored as bf16(x').
             uint8_t* pg = (uint8_t*)cache + page * c_s0;
-            uint8_t* val = pg + o * 576;
-            uint8_t* sc = pg + B * 576 + o * 8;
-            tok::quant_ue8m0<64, 7, false>(x, val, sc, sanitize, thr);
-            sc[7] = 0;
-            alignas(64) uint16_t tail[64];
-            tok::store_bf16_canon(rot + NOPE, tail, 64);
-            std::memcpy(val + NOPE, tail, 128);
+            uint8_t* val = pg + o * vb;
+            uint8_t* sc = pg + B * vb + o * sb;
+            tok::quant_ue8m0<R584::group, R584::n_groups, false>(x, val, sc, sanitize, thr);
+            sc[R584::n_groups] = 0;  // the pad byte after the scale codes
+            alignas(64) uint16_t tail[R584::bf16_dims];
+            tok::store_bf16_canon(rot + NOPE, tail, R584::bf16_dims);
+            std::memcpy(val + NOPE, tail, 2 * R584::bf16_dims);
         } else if (KIND == RK_528) {
             uint8_t* pg = (uint8_t*)cache + page * c_s0;
-            tok::quant_ue8m0<32, 16, false>(rot, pg + o * L.vs, pg + L.s0 + o * L.ss, sanitize, thr);
+            tok::quant_ue8m0<R528::group, R528::n_groups, false>(rot, pg + o * L.vs, pg + L.s0 + o * L.ss, sanitize, thr);
         } else if (KIND == RK_288) {
             uint8_t* pg = (uint8_t*)cache + page * c_s0;
-            tok::quant_nvfp4<32>(rot, pg + o * L.vs, pg + L.s0 + o * L.ss);
+            tok::quant_nvfp4<R288::n_groups>(rot, pg + o * L.vs, pg + L.s0 + o * L.ss);
         } else if (KIND == RK_BF16) {
             tok::store_bf16_canon(rot, (uint16_t*)cache + page * c_s0 + o * c_s1, HEAD);
         } else {
@@ -894,9 +910,9 @@ static inline void indexer_store_token(const uint8_t* q, const uint8_t* sb, uint
         } else {
             std::memcpy(pg + o * IDX_D, q, IDX_D);
         }
-        std::memcpy(pg + B * IDX_D + o * 4, sb, 4);
+        std::memcpy(pg + B * RIDX8::value_bytes + o * RIDX8::scale_bytes, sb, RIDX8::scale_bytes);
     } else {
-        uint8_t* sbase = pg + B * 64;
+        uint8_t* sbase = pg + B * RIDX4::value_bytes;
         if (TILED) {  // aiter preshuffle, N tokens per tile
             const int64_t g = o / N, l = o % N;
             uint8_t* base = pg + g * (N * 64) + l * 16;
@@ -905,8 +921,8 @@ static inline void indexer_store_token(const uint8_t* q, const uint8_t* sb, uint
             for (int j = 0; j < 4; ++j)
                 sbase[g * (N * 4) + (j % s_lo) * (N * s_hi) + l * s_hi + j / s_lo] = sb[j];
         } else {
-            std::memcpy(pg + o * 64, q, 64);
-            std::memcpy(sbase + o * 4, sb, 4);
+            std::memcpy(pg + o * RIDX4::value_bytes, q, RIDX4::value_bytes);
+            std::memcpy(sbase + o * RIDX4::scale_bytes, sb, RIDX4::scale_bytes);
         }
     }
 }
@@ -957,7 +973,7 @@ static void indexer_k_store_impl(const uint16_t* k_pre, int64_t ks0, const int64
             for (int i = 0; i < n; i += 2) {
                 for (int j = i + PF; j < i + PF + 2 && j < n; ++j) {
                     prefetch_cs_row(cs, cs_bf16, cs_s0, cs_s1, rr[j]);
-                    if (!TILED) prefetch_record(cache, ps, B, sl_[j], FP4 ? 64 : IDX_D, 4, true);
+                    if (!TILED) prefetch_record(cache, ps, B, sl_[j], FP4 ? RIDX4::value_bytes : RIDX8::value_bytes, RIDX8::scale_bytes, true);
                 }
                 const int m = n - i >= 2 ? 2 : 1;
                 if (m == 2)
@@ -984,7 +1000,7 @@ static void indexer_k_store_impl(const uint16_t* k_pre, int64_t ks0, const int64
                 if (sp >= 0 && (pp + 1) % CR == 0) {
                     prefetch_cs_row(cs, cs_bf16, cs_s0, cs_s1, (pp / CR) * CR);
                     if (!TILED) {
-                        prefetch_record(cache, ps, B, sp, FP4 ? 64 : IDX_D, 4, true);
+                        prefetch_record(cache, ps, B, sp, FP4 ? RIDX4::value_bytes : RIDX8::value_bytes, RIDX8::scale_bytes, true);
                     } else {
                         uint8_t* pg = cache + (sp / B) * ps;
                         const int64_t o = sp % B;

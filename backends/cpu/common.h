@@ -109,41 +109,29 @@ static inline uint16_t f32_to_bf16_rne_torch(float f) { return f32_to_bf16_rne_n
 static inline float rnbf16_torch(float f) { return bf16_to_f32(f32_to_bf16_rne_torch(f)); }
 
 // ------------------------------------------------------------------ e4m3 encode
-// OCP e4m3fn (bias 7).  Normal range starts at 2^-6 (biased fp32 exponent 121); subnormals are
-// rounded by adding 2^14, whose ulp is 2^-9 (the e4m3 subnormal step): the FPU does the RNE.
-static inline uint8_t e4m3fn_encode(float f) {
-    uint32_t b = bits(f);
-    uint32_t sign = (b >> 24) & 0x80u;
-    uint32_t a = b & 0x7FFFFFFFu;
-    bool nan = a > 0x7F800000u;
-    a = a < 0x43E00000u ? a : 0x43E00000u;  // satfinite to 448 (inf too)
-    uint32_t odd = (a >> 20) & 1u;
-    uint32_t nrm = (a - (120u << 23) + 0x7FFFFu + odd) >> 20;
-    uint32_t sub = bits(from_bits(a) + 16384.0f) - (141u << 23);
-    uint32_t r = (a < (121u << 23) ? sub : nrm) | sign;
-    return (uint8_t)(nan ? 0x7Fu : r);
-}
-
-// FNUZ e4m3 (bias 8, 0x80 = NaN, no -0).  Normal range starts at 2^-7 (exponent 120);
-// subnormal step 2^-10 (add 2^13).
-static inline uint8_t e4m3fnuz_encode(float f) {
-    uint32_t b = bits(f);
-    uint32_t sign = (b >> 24) & 0x80u;
-    uint32_t a = b & 0x7FFFFFFFu;
-    bool nan = a > 0x7F800000u;
-    a = a < 0x43700000u ? a : 0x43700000u;  // satfinite to 240 (inf too)
-    uint32_t odd = (a >> 20) & 1u;
-    uint32_t nrm = (a - (119u << 23) + 0x7FFFFu + odd) >> 20;
-    uint32_t sub = bits(from_bits(a) + 8192.0f) - (140u << 23);
-    uint32_t m = (a < (120u << 23) ? sub : nrm);
-    uint32_t r = m | (m != 0 ? sign : 0u);
-    return (uint8_t)(nan ? 0x80u : r);
-}
-
+// RNE, saturating (inf too).  OCP e4m3fn: bias 7, max 448, NaN -> 0x7F, -0 kept.  FNUZ
+// e4m3fnuz: bias 8, max 240, NaN -> 0x80, no -0.  The normal range starts at 2^(1-bias)
+// (biased fp32 exponent 128 - bias); subnormals are rounded by adding 2^(21-bias), whose ulp
+// is the e4m3 subnormal step 2^-(bias+2): the FPU does the RNE.
 template <bool FNUZ>
 static inline uint8_t e4m3_encode(float f) {
-    return FNUZ ? e4m3fnuz_encode(f) : e4m3fn_encode(f);
+    constexpr uint32_t BIAS = FNUZ ? 8u : 7u;
+    constexpr uint32_t MAX_BITS = FNUZ ? 0x43700000u : 0x43E00000u;  // 240 / 448
+    constexpr float SUB_MAGIC = FNUZ ? 8192.0f : 16384.0f;           // 2^(21 - bias)
+    uint32_t b = bits(f);
+    uint32_t sign = (b >> 24) & 0x80u;
+    uint32_t a = b & 0x7FFFFFFFu;
+    bool nan = a > 0x7F800000u;
+    a = a < MAX_BITS ? a : MAX_BITS;
+    uint32_t odd = (a >> 20) & 1u;
+    uint32_t nrm = (a - ((127u - BIAS) << 23) + 0x7FFFFu + odd) >> 20;
+    uint32_t sub = bits(from_bits(a) + SUB_MAGIC) - ((148u - BIAS) << 23);
+    uint32_t m = a < ((128u - BIAS) << 23) ? sub : nrm;
+    uint32_t r = FNUZ ? (m | (m != 0 ? sign : 0u)) : (m | sign);
+    return (uint8_t)(nan ? (FNUZ ? 0x80u : 0x7Fu) : r);
 }
+static inline uint8_t e4m3fn_encode(float f) { return e4m3_encode<false>(f); }
+static inline uint8_t e4m3fnuz_encode(float f) { return e4m3_encode<true>(f); }
 
 // ------------------------------------------------------------------ e4m3 decode
 // Arithmetic decode, integer-only and branch-free so loops over it vectorize (a float
@@ -156,27 +144,36 @@ static inline uint32_t e4m3_sub_bits_(uint32_t m, uint32_t exp_base) {
     return m == 0u ? 0u : r;
 }
 
-static inline float e4m3fn_decode(uint8_t byte) {
-    const uint32_t v = byte;
-    const uint32_t em = v & 0x7Fu;
-    const uint32_t nrm = (em + (120u << 3)) << 20;
-    uint32_t mag = em < 8u ? e4m3_sub_bits_(em, 118u) : nrm;  // 2^-9 = 2^(118-127)
-    mag = em == 0x7Fu ? 0x7FC00000u : mag;
-    return from_bits(mag | ((v & 0x80u) << 24));
-}
-
-static inline float e4m3fnuz_decode(uint8_t byte) {
-    const uint32_t v = byte;
-    const uint32_t em = v & 0x7Fu;
-    const uint32_t nrm = (em + (119u << 3)) << 20;
-    uint32_t r = (em < 8u ? e4m3_sub_bits_(em, 117u) : nrm) | ((v & 0x80u) << 24);
-    r = v == 0x80u ? 0x7FC00000u : r;
-    return from_bits(r);
-}
-
+// e4m3 byte -> exact fp32.  OCP: NaN = 0x7F / 0xFF (a quiet NaN of that sign); FNUZ: NaN = 0x80
+// (its only NaN, no -0).
 template <bool FNUZ>
-static inline float e4m3_decode(uint8_t b) {
-    return FNUZ ? e4m3fnuz_decode(b) : e4m3fn_decode(b);
+static inline float e4m3_decode(uint8_t byte) {
+    constexpr uint32_t BIAS = FNUZ ? 8u : 7u;
+    const uint32_t v = byte;
+    const uint32_t em = v & 0x7Fu;
+    const uint32_t nrm = (em + ((127u - BIAS) << 3)) << 20;
+    // subnormal step 2^-(bias+2) = 2^((125 - bias) - 127)
+    const uint32_t sign = (v & 0x80u) << 24;
+    const uint32_t r = (em < 8u ? e4m3_sub_bits_(em, 125u - BIAS) : nrm) | sign;
+    if (FNUZ) return from_bits(v == 0x80u ? 0x7FC00000u : r);
+    return from_bits(em == 0x7Fu ? 0x7FC00000u | sign : r);  // OCP NaN keeps its sign
+}
+static inline float e4m3fn_decode(uint8_t byte) { return e4m3_decode<false>(byte); }
+static inline float e4m3fnuz_decode(uint8_t byte) { return e4m3_decode<true>(byte); }
+
+// torch.searchsorted(bd[0:n], v, right=True) on an int32 / int64 array (the same bisection
+// as ATen's cus_upper_bound, so unsorted input behaves identically).
+template <typename I>
+static inline int64_t upper_bound(const I* bd, int64_t n, I v) {
+    int64_t start = 0, end = n;
+    while (start < end) {
+        const int64_t mid = start + ((end - start) >> 1);
+        if (!(bd[mid] > v))
+            start = mid + 1;
+        else
+            end = mid;
+    }
+    return start;
 }
 
 struct E4m3Tables {

@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "common.h"
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define DSV41_IDX_AVX512 1
@@ -53,20 +55,6 @@ struct Divider {
 
 inline uint32_t udiv(uint32_t x, const Divider& D) {
     return D.pow2 ? (x >> D.shift) : (uint32_t)(int64_t)((double)x / D.dd);
-}
-
-// torch.searchsorted(boundaries, v, right=True) on a contiguous int32 array of n entries
-// (the same bisection as ATen's cus_upper_bound, so unsorted input behaves identically).
-inline int64_t upper_bound_i32(const int32_t* bd, int64_t n, int32_t v) {
-    int64_t start = 0, end = n;
-    while (start < end) {
-        const int64_t mid = start + ((end - start) >> 1);
-        if (!(bd[mid] > v))
-            start = mid + 1;
-        else
-            end = mid;
-    }
-    return start;
 }
 
 // §7 span remap: -1 if v < 0 else (v // bs) * span + v % bs (int32 wrap).
@@ -270,7 +258,7 @@ void dsv41_combine_topk_swa_indices(
 #pragma omp parallel for schedule(static) if (par)
     for (int64_t t = 0; t < T; ++t) {
         const int32_t ti = (int32_t)t;
-        int64_t b = upper_bound_i32(rb.data(), R, ti) - 1;
+        int64_t b = dsv41cpu::upper_bound(rb.data(), R, ti) - 1;
         b = std::min<int64_t>(std::max<int64_t>(b, 0), R - 1);
         const bool owned = ti < qend;
         const int32_t qs = rb[b], qe = rb[b + 1];

@@ -173,19 +173,6 @@ inline double sum_sq_f64(const float* x, int64_t n) {
     return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
-// torch.searchsorted(bd[0:n], v, right=True) on an int64 array (ATen's bisection).
-inline int64_t upper_bound_i64(const int64_t* bd, int64_t n, int64_t v) {
-    int64_t start = 0, end = n;
-    while (start < end) {
-        const int64_t mid = start + ((end - start) >> 1);
-        if (!(bd[mid] > v))
-            start = mid + 1;
-        else
-            end = mid;
-    }
-    return start;
-}
-
 inline int64_t floor_mod(int64_t a, int64_t b) {
     int64_t r = a % b;
     return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
@@ -303,7 +290,7 @@ void dsv41_fused_save_compress_norm(
     if (R <= 0 || prev_rows) return;
     std::vector<std::pair<int64_t, int64_t>> writes;  // (ring row, token)
     for (int64_t u = 0; u < T; ++u) {
-        int64_t r = upper_bound_i64(q.data() + 1, R, u);
+        int64_t r = upper_bound(q.data() + 1, R, u);
         r = std::min(r, R - 1);
         const int64_t s = q[r], e = q[r + 1];
         if (!(u >= s && u < e)) continue;

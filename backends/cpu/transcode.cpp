@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "record_geometry.h"  // generated from dsv41.core.formats at build time (_build.py)
+
 namespace {
 
 enum Mode { RESCALE = 0, PASS = 1, KEEP = 2 };
@@ -109,12 +111,10 @@ extern "C" {
 int dsv41_transcode_k_cache(const uint8_t* src, int64_t s_page, uint8_t* dst, int64_t d_page,
                             const int64_t* ids, int64_t n_ids, int64_t n_blocks, int64_t block_size,
                             int32_t width, int32_t src_fnuz, int32_t dst_fnuz, int32_t tiled) {
-    int VB, SB, NG, G;
-    bool fp32 = false;
-    if (width == 584) { VB = 576; SB = 8; NG = 7; G = 64; }
-    else if (width == 528) { VB = 512; SB = 16; NG = 16; G = 32; }
-    else if (width == 132) { VB = 128; SB = 4; NG = 1; G = 128; fp32 = true; }
-    else return 1;
+    rec::Geometry geo;
+    if ((width != 584 && width != 528 && width != 132) || !rec::lookup(width, geo)) return 1;
+    const int VB = geo.value_bytes, SB = geo.scale_bytes, NG = geo.n_groups, G = geo.group;
+    const bool fp32 = width == 132;  // one fp32 scale per token (the ue8m0 records: code bytes)
     const int64_t B = block_size;
     if (B < 1 || (tiled && (width != 132 || B % 16 != 0))) return 1;
     const bool same = (src_fnuz != 0) == (dst_fnuz != 0);
@@ -131,9 +131,12 @@ int dsv41_transcode_k_cache(const uint8_t* src, int64_t s_page, uint8_t* dst, in
         // value byte d of token t lives at voff(d); scales at B*VB + t*SB (never tiled here)
         auto voff = [&](int d) -> int64_t {
             if (!tiled) return t * VB + d;
-            return (t / 16) * (16 * 128) + (d / 16) * 256 + (t % 16) * 16 + (d % 16);
+            // ROCm 16 x 16 tiles of the 132 record's 128 value bytes
+            return (t / 16) * (16 * VB) + (d / 16) * 256 + (t % 16) * 16 + (d % 16);
         };
-        uint8_t v[576], s[16], vo[576], so[16];
+        // the largest record handled: 584 (value bytes) and 528 (scale bytes)
+        uint8_t v[rec::Record<584>::value_bytes], s[rec::Record<528>::scale_bytes];
+        uint8_t vo[sizeof v], so[sizeof s];
         if (!tiled) {
             std::memcpy(v, sp + t * VB, VB);
         } else {

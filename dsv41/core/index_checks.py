@@ -622,6 +622,8 @@ def check_kernel_args(op: str, args) -> None:
     """Run the index check of ``op`` on its positional kernel arguments
     (docs/kernel_contract.md), e.g. a conformance case; honours ``DSV41_VALIDATE``.  Trailing
     arguments left out take the check's defaults."""
+    if not _active():  # each check starts with this test: skip building its arguments
+        return
     fn, where = _bind(op)
     if fn is not None:
         n = len(args)
