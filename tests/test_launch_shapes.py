@@ -116,9 +116,10 @@ def test_pdl_only_for_decode_launches_and_native_kernels(monkeypatch):
     monkeypatch.delenv("DSV41_PDL", raising=False)
     launch._pdl_capable.cache_clear()
     with conversions.portable():
-        assert launch.PDL_OVERRIDE is False
+        assert not conversions.pdl_allowed()
         assert launch.pdl(torch.device("cuda", 0)) is False
-    assert launch.PDL_OVERRIDE is None
+        assert conversions.integer_path(torch.device("cuda", 0))
+    assert conversions.pdl_allowed()
 
 
 def test_host_integer_helpers_and_span():

@@ -34,6 +34,7 @@ pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 import triton_interp  # noqa: E402  (tests/ is on sys.path: conftest / rootdir import)
 
+from dsv41.backends.triton import conversions  # noqa: E402
 from dsv41.core.codecs import (  # noqa: E402
     ceil_log2,
     e2m1_decode,
@@ -85,11 +86,8 @@ def flavour(request):
     """Vendor flavour of the conversions (native casts as on NVIDIA, integer encoders)."""
     if CK is None:
         pytest.skip(f"Triton interpreter not usable here: {INTERP_ERROR}")
-    old = dict(CK.CONFIG)
-    CK.CONFIG["soft_fp8"] = request.param == "soft"
-    yield request.param
-    CK.CONFIG.clear()
-    CK.CONFIG.update(old)
+    with conversions.forced("integer" if request.param == "soft" else "hardware"):
+        yield request.param
 
 
 @pytest.fixture
@@ -971,12 +969,8 @@ def _real():
 
 @pytest.fixture(params=["native", "soft"])
 def gpu_flavour(request):
-    real = _real()
-    old = dict(real.CONFIG)
-    real.CONFIG["soft_fp8"] = request.param == "soft"
-    yield real
-    real.CONFIG.clear()
-    real.CONFIG.update(old)
+    with conversions.forced("integer" if request.param == "soft" else "hardware"):
+        yield _real()
 
 
 def _to_cuda(v):

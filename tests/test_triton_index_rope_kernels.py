@@ -15,6 +15,7 @@ bandwidth / CUDA-graph report (printed, with ``-s``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import os
@@ -37,6 +38,7 @@ if not torch.cuda.is_available() and interpreter_unsupported_reason():
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
+from dsv41.backends.triton import conversions  # noqa: E402
 from dsv41.core import codecs  # noqa: E402
 from dsv41.reference import indexer as ref_indexer  # noqa: E402
 from dsv41.reference import output_quant as ref_oq  # noqa: E402
@@ -82,9 +84,9 @@ def rope():
 
 
 @pytest.fixture(params=["int", "hw"])
-def cvt(request, monkeypatch):
+def cvt(request):
     """Conversion mode of the float kernels (see module docstring)."""
-    mod = rope()
+    rope()
     if request.param == "hw":
         try:
             from triton_interp import enable_exact_interpreter
@@ -92,8 +94,8 @@ def cvt(request, monkeypatch):
             enable_exact_interpreter()
         except Exception as exc:  # pragma: no cover - depends on the Triton version
             pytest.skip(f"exact interpreter unavailable: {exc}")
-    monkeypatch.setattr(mod, "CVT_HW_OVERRIDE", request.param == "hw")
-    return request.param
+    with conversions.forced("hardware" if request.param == "hw" else "integer"):
+        yield request.param
 
 
 # ------------------------------------------------------------------------ golden vectors
@@ -813,11 +815,8 @@ def _device_checks(dev, ik, rk):
         args = (pos, q, cache, w, fp4, fnuz, BF16 if fp4 else F32)
         want = _run_indexer_q_dev(ref_indexer.fused_indexer_q_rope_quant, *args)
         for hw in (None, False):  # the device's own conversion path, then the integer one
-            rk.CVT_HW_OVERRIDE = hw
-            try:
+            with contextlib.nullcontext() if hw is None else conversions.forced("integer"):
                 got = _run_indexer_q_dev(rk.fused_indexer_q_rope_quant, *(_to(x, dev) for x in args))
-            finally:
-                rk.CVT_HW_OVERRIDE = None
             for lab, g, r in zip(("q", "q_scale", "weights"), got, want):
                 _diff(f"indexer_q T{T} H{H} {mode} cvt={hw} {lab}", g, r, fails)
     for T, qgs, tma, quant, perm in ((1, 128, False, True, False), (77, 128, True, True, False),

@@ -50,13 +50,15 @@ Op -> launcher:
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from dsv41.core.formats import RECORDS
 
-from . import launch
+from . import conversions, launch
 from .aot import AotSpec, register
 
 __all__ = [
@@ -74,10 +76,9 @@ __all__ = [
 # --------------------------------------------------------------------------------------
 
 CONFIG = {
-    # None: native OCP casts on NVIDIA CUDA, integer encoders elsewhere; True/False force.
-    "soft_fp8": None,
     # None: paired PTX converts (cvt ...x2.f32 by inline asm) wherever the native casts run
-    # on an NVIDIA GPU (never in Triton's interpreter, which cannot run PTX); False: off.
+    # on an NVIDIA GPU (conversions.ptx); False: off.  The conversion path itself is not a
+    # setting here: conversions.integer_path decides it per launch.
     "ptx_pairs": None,
     "exact_log2": True,
     # tokens per program and warps per program, per kernel
@@ -151,17 +152,13 @@ def _shape(kernel: str, variant, tokens: int | None = None) -> tuple[int, int]:
 
 
 def _soft(t: torch.Tensor) -> bool:
-    soft = CONFIG["soft_fp8"]
-    if soft is None:
-        soft = not (t.device.type == "cuda" and torch.version.hip is None)
-    return bool(soft)
+    """The integer conversion path for kernels writing into ``t`` (``conversions``)."""
+    return conversions.integer_path(t.device)
 
 
 def _ptx(t: torch.Tensor) -> bool:
     """Paired PTX converts for kernels writing into ``t`` (see CONFIG["ptx_pairs"])."""
-    if CONFIG["ptx_pairs"] is False or _soft(t):
-        return False
-    return t.device.type == "cuda" and torch.version.hip is None
+    return CONFIG["ptx_pairs"] is not False and conversions.ptx(t.device)
 
 
 def _maxnreg(t: torch.Tensor, regs) -> dict:
@@ -906,12 +903,13 @@ def _quant_insert_kernel(
         _store_i16(cache_ptr, vbase + NQ * G, j, tail, valid, TAIL_I16)
 
 
+@functools.lru_cache(maxsize=None)
 def _geometry(width: int) -> dict:
     """Constexpr geometry of a paged KV record, read from ``dsv41.core.formats``: NQ quantized
     groups of G dims (NG: the power of two the group axis is padded to), VB value bytes and
     SB scale bytes per token."""
     rec = RECORDS[int(width)]
-    return dict(NG=triton.next_power_of_2(rec.n_groups), G=rec.group, NQ=rec.n_groups,
+    return dict(NG=launch.pow2(rec.n_groups), G=rec.group, NQ=rec.n_groups,
                 VB=rec.value_bytes, SB=rec.scale_bytes)
 
 

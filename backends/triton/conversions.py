@@ -1,26 +1,67 @@
-"""Which float-conversion path the shared Triton kernels take, and a switch to force one.
+"""Which float-conversion path a launch of the shared Triton kernels takes: the one switch.
 
 On NVIDIA GPUs the kernels use the hardware converts (``cvt.rn.satfinite.e4m3x2``,
-``cvt.rn.bf16.f32``); everywhere else (ROCm, XPU, the interpreter) they encode fp8 / bf16
-with integer bit operations.  Both paths write the same bytes.  ``portable()`` forces the
-integer path, which is how the ROCm and XPU kernels run natively on an NVIDIA GPU in the
-test suite (the only AMD-specific part of those kernels is this conversion path).
+``cvt.rn.bf16.f32``, the inline-PTX pair encoders) and may launch with PDL; everywhere else
+(ROCm, XPU, Triton's interpreter) they encode fp8 / bf16 with integer bit operations.  Both
+paths write the same bytes.  The path is decided per launch from the tensors' device and
+passed to the kernel as a constexpr (``SOFT`` in ``cache_kernels``, ``CVT_HW`` in
+``rope_kernels``).
+
+``forced("integer")`` / ``portable()`` make every launch in this thread (context) take the
+integer path, with PDL off -- how the ROCm and XPU kernels run natively on an NVIDIA GPU in
+the tests (the only vendor-specific part of those kernels is this conversion path);
+``forced("hardware")`` takes the hardware converts anywhere (Triton's interpreter runs them as
+casts).  A context variable, not a module global: two threads may use two paths at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 
-from . import cache_kernels, launch, rope_kernels
+import torch
+
+__all__ = ["forced", "portable", "integer_path", "ptx", "pdl_allowed", "PATHS"]
+
+PATHS = ("integer", "hardware")
+_FORCED: contextvars.ContextVar = contextvars.ContextVar("dsv41_triton_conversion_path", default=None)
+
+
+def _nvidia(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.version.hip is None
+
+
+def integer_path(device: torch.device) -> bool:
+    """Whether a launch on ``device`` encodes with integer operations (else hardware converts)."""
+    path = _FORCED.get()
+    if path is not None:
+        return path == "integer"
+    return not _nvidia(device)
+
+
+def ptx(device: torch.device) -> bool:
+    """Whether a launch on ``device`` may use inline PTX (the paired converts / encoders): an
+    NVIDIA GPU on the hardware path (never the interpreter, which cannot run PTX)."""
+    return _nvidia(device) and not integer_path(device)
+
+
+def pdl_allowed() -> bool:
+    """False inside ``forced("integer")``: PDL is NVIDIA-only, like the hardware converts."""
+    return _FORCED.get() != "integer"
 
 
 @contextlib.contextmanager
-def portable():
-    """Force the integer-encoder conversion path of every shared Triton kernel (not thread-safe)."""
-    saved = cache_kernels.CONFIG["soft_fp8"], rope_kernels.CVT_HW_OVERRIDE, launch.PDL_OVERRIDE
-    cache_kernels.CONFIG["soft_fp8"], rope_kernels.CVT_HW_OVERRIDE = True, False
-    launch.PDL_OVERRIDE = False  # nor PDL: NVIDIA-only, as the paired PTX converts
+def forced(path: str):
+    """Every launch in this context takes ``path`` (``"integer"`` or ``"hardware"``)."""
+    if path not in PATHS:
+        raise ValueError(f"forced: path expected one of {PATHS}, got {path!r}")
+    token = _FORCED.set(path)
     try:
         yield
     finally:
-        cache_kernels.CONFIG["soft_fp8"], rope_kernels.CVT_HW_OVERRIDE, launch.PDL_OVERRIDE = saved
+        _FORCED.reset(token)
+
+
+def portable():
+    """``forced("integer")``: the conversion path of the ROCm and XPU kernels."""
+    return forced("integer")

@@ -11,6 +11,8 @@ import os
 import triton
 import triton.language as tl
 
+from . import conversions
+
 # Launches of at most this many tokens (rows for the index builders) take the shapes measured
 # for latency (CUDA-graph replay at 64 tokens); larger ones those measured for bandwidth.
 DECODE_T = 64
@@ -32,11 +34,6 @@ def measured(table: dict, key: str, tokens: int | None):
     return table.get(key)
 
 
-# False turns PDL off (``conversions.portable()`` does, so the ROCm / XPU kernels run on an
-# NVIDIA GPU in the tests the way they run on their own hardware).
-PDL_OVERRIDE: bool | None = None
-
-
 def decode_pdl(device, tokens: int) -> bool:
     """PDL for a launch of at most DECODE_T tokens (rows) on ``device`` (``pdl``): the
     launch latency is what such a launch costs, and PDL hides it behind the kernel before."""
@@ -49,7 +46,7 @@ def pdl(device) -> bool:
     launched that way may be scheduled while the kernel before it in the stream finishes; it
     calls ``gdc_wait()`` before touching memory, so it still sees everything that kernel
     wrote, and only the launch latency overlaps.  ``DSV41_PDL=0`` turns it off."""
-    if device.type != "cuda" or PDL_OVERRIDE is False or os.environ.get("DSV41_PDL", "1") == "0":
+    if device.type != "cuda" or not conversions.pdl_allowed() or os.environ.get("DSV41_PDL", "1") == "0":
         return False
     import torch
 

@@ -9,7 +9,8 @@ constexprs instead of being copied per vendor:
 * ``CVT_HW`` — use the hardware fp32 -> bf16 / e4m3fn converts (NVIDIA, where they are
   RNE + saturating, verified on the H200).  Off, every conversion is done in integer
   arithmetic with the same results (ROCm / XPU, and the Triton interpreter, whose own
-  float conversions are not exact).  NaN handling is pinned explicitly either way.
+  float conversions are not exact).  NaN handling is pinned explicitly either way.  The
+  launcher sets it per launch from ``conversions`` (the one switch of both kernel files).
 * RoPE always uses ``tl.fma`` in the canonical contraction (§1.2, §1.3), so every vendor
   rounds the same way; scale exponents are computed from fp32 bits (no ``log2``): the
   fp32-log2 ceiling "(L)" of §1.5 is reproduced exactly with an integer rule
@@ -33,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import launch
+from . import conversions, launch
 from .reductions import _rmax, _rsum
 
 __all__ = [
@@ -58,11 +59,6 @@ _EPS_O = tl.constexpr(_f32(1e-10))  # amax floor of the inverse-RoPE quantizer (
 _MXFP4_FLOOR = tl.constexpr(6.0 * 2.0**-126)  # MXFP4 block amax floor (§1.8), exact in fp32
 
 
-# Tests set this to True / False to force one conversion path (None: by device).
-CVT_HW_OVERRIDE: bool | None = None
-# False turns off the inline-PTX pair encoders (``_e2m1x2_bf16``); None: on for NVIDIA GPUs
-# (never in Triton's interpreter, which cannot run PTX).
-PTX_OVERRIDE: bool | None = None
 
 # Launch-shape overrides per op name (None / absent: the built-in heuristics), e.g.
 # TUNE["fused_indexer_q_rope_quant"] = {"BLOCK_T": 2, "BLOCK_H": 64, "num_warps": 8}.
@@ -105,19 +101,13 @@ def _launch_shape(op: str, tokens: int, variant: str | None = None) -> dict | No
 
 
 def use_hw_convert(device: torch.device) -> bool:
-    """Hardware float converts are used on NVIDIA GPUs only (see module docstring)."""
-    if CVT_HW_OVERRIDE is not None:
-        return CVT_HW_OVERRIDE
-    return device.type == "cuda" and torch.version.hip is None
+    """Hardware float converts for a launch on ``device`` (``conversions.integer_path``)."""
+    return not conversions.integer_path(device)
 
 
 def use_ptx(device: torch.device) -> bool:
-    """Inline PTX (the paired e2m1 encoder) runs on NVIDIA GPUs only, with the hardware
-    converts (a forced integer path -- the ROCm / XPU kernels run on an NVIDIA GPU in the
-    tests -- stays PTX-free)."""
-    if PTX_OVERRIDE is False:
-        return False
-    return device.type == "cuda" and torch.version.hip is None and use_hw_convert(device)
+    """Inline PTX (the paired e2m1 encoder): NVIDIA GPUs on the hardware path only."""
+    return conversions.ptx(device)
 
 
 def _pow2(n: int) -> int:
