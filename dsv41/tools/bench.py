@@ -69,6 +69,7 @@ GRAPH_CALLS = 16  # kernel calls captured per CUDA graph
 # 4096 (docs/performance.md).
 FLUSH_SLEEP_CYCLES = 400_000
 WARMUP_CALLS, WARMUP_S = 3, 0.1  # warm-up: at least this many calls and this long
+HOST_WARMUP_CALLS = 20  # untimed calls before a host-time measurement
 SPIN_UP_S, SPIN_S = 3.0, 0.2  # accelerator load before the run / before each size (_Timer.spin)
 MAX_POS = 65536  # rows of the cos/sin caches (positions wrap below it)
 
@@ -585,7 +586,11 @@ class _Timer:
         """Host seconds per call when ``calls`` calls are enqueued back to back (first behind a
         ~1 ms device-side sleep, so the earliest launches do not find an idle GPU): the launch
         path's own cost, argument handling included.  Launches are asynchronous and these
-        kernels are short, so the host never waits for the device here."""
+        kernels are short, so the host never waits for the device here.  A few untimed calls
+        first, so one-time costs (first-use lookups, allocator growth) are not spread over the
+        timed ones."""
+        for _ in range(HOST_WARMUP_CALLS):
+            fn()
         self.sync()
         if self.device.type == "cuda":
             torch.cuda._sleep(FLUSH_SLEEP_CYCLES * 5)
