@@ -80,10 +80,9 @@ def test_rope_288_every_swept_shape(impl, case, shape, monkeypatch):
     why = impl.skip_reason(case.op)
     if why:
         pytest.skip(why)
-    from dsv41.backends.triton import cache_kernels
+    from dsv41.backends.triton import tuning
 
-    table = dict(cache_kernels.CONFIG["variant"], **{"rope:288": shape, "rope:288:decode": shape})
-    monkeypatch.setitem(cache_kernels.CONFIG, "variant", table)
+    monkeypatch.setitem(tuning.OVERRIDES, "rope:288", {"BLOCK_T": shape[0], "num_warps": shape[1]})
     args = case.build("cpu")
     want = clone_args(args)
     ReferenceBackend().load(case.op)(*want)
@@ -166,7 +165,7 @@ def test_inv_rope_split_rows(impl, case, monkeypatch):
     why = impl.skip_reason(case.op)
     if why:
         pytest.skip(why)
-    from dsv41.backends.triton import rope_kernels
+    from dsv41.backends.triton import rope_kernels, tuning
 
     args = case.build("cpu")
     want = clone_args(args)
@@ -176,7 +175,7 @@ def test_inv_rope_split_rows(impl, case, monkeypatch):
     shapes = [s for s in _inv_rope_split_shapes() if s["num_warps"] == 1 and s["BLOCK_T"] == s["BLOCK_H"] < 4]
     assert len(shapes) == 4
     # and the decode shapes in force (the conformance cases have at most 8 tokens)
-    shapes += [rope_kernels.MEASURED["fused_inv_rope_fp8_quant:" + k] for k in ("tiny", "decode")]
+    shapes += [tuning.TABLE["fused_inv_rope_fp8_quant:" + k].shape for k in ("tiny", "decode")]
     for shape in shapes:
         monkeypatch.setitem(rope_kernels.TUNE, "fused_inv_rope_fp8_quant", shape)
         _run_and_compare(impl, case, args, want, f"{shape} ")
@@ -193,3 +192,16 @@ def test_measured_shape_tiers():
     assert [launch.measured(no_tiny, "op", n) for n in (1, D, D + 1)] == ["decode", "decode", "big"]
     assert launch.measured({"op:tiny": "tiny"}, "op", T + 1) is None
     assert launch.measured({}, "op", 1) is None
+
+
+def test_every_measured_shape_cites_its_measurement():
+    """Each entry of the one tuning table names the measurement it came from: a file under
+    docs/measurements/ that exists, or says that none was kept."""
+    import pathlib
+
+    from dsv41.backends.triton import tuning
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "docs" / "measurements"
+    for key, m in tuning.TABLE.items():
+        assert m.shape and all(isinstance(v, int) for v in m.shape.values()), key
+        assert (root / m.source).is_file() or "no file kept" in m.source, (key, m.source)

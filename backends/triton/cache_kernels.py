@@ -58,7 +58,7 @@ import triton.language as tl
 
 from dsv41.core.formats import RECORDS
 
-from . import conversions, launch
+from . import conversions, launch, tuning
 from .aot import AotSpec, register
 
 __all__ = [
@@ -117,37 +117,15 @@ CONFIG = {
     "ring_pdl": True,
     # upper bound on gather programs (grid = requests x workers)
     "gather_programs": 2048,
-    # per-variant shapes (BLOCK_T, num_warps), key "<kernel>:<variant>" (e.g. "rope:288"),
-    # and "<kernel>:<variant>:decode" for launches of <= launch.DECODE_T tokens; from the H200
-    # sweeps (python -m dsv41.backends.triton.sweep, docs/performance.md "Launch shapes"):
-    # best fraction of copy at 65536 tokens, best CUDA-graph replay time at 64 tokens.
-    # Insert, gather, CR 1 and indexer key: docs/measurements/h200-sweep-2.txt; rope 584 /
-    # 528 / bf16 (the pair-word writers, within 0.01 of the best): h200-sweep-3.txt.  Rope
-    # 288 (its bf16x2 NVIDIA path, h200-sweep-5.jsonl): 4 x 1 0.83 of copy (16 x 4: 0.69),
-    # decode 1 x 1 1.21 us.
-    "variant": {
-        "insert:584": (8, 2), "insert:584:decode": (4, 4),
-        "insert:528": (8, 8), "insert:528:decode": (4, 4),
-        "gather:584": (8, 2), "gather:584:decode": (4, 8),
-        "gather:528": (32, 4), "gather:528:decode": (4, 8),
-        "gather:288": (8, 8), "gather:288:decode": (4, 8),
-        "rope:584": (4, 4), "rope:584:decode": (4, 4),
-        "rope:528:decode": (4, 4),
-        "rope:288": (4, 1), "rope:288:decode": (1, 1),
-        "rope:bf16:decode": (4, 8),
-        "indexer:fp8": (32, 8), "indexer:fp8:decode": (8, 4),
-        "norm1:None": (1, 2), "norm1:None:decode": (1, 4),
-        # CR 2 beyond decode sizes: pair programs (two tokens, BLOCK_T 1) of one warp
-        # (H200 sweep, h200-sweep-6-call2.jsonl: 0.88 of copy; 2 / 4 warps 0.83 / 0.84)
-        "norm2:None": (1, 1), "norm2:None:decode": (1, 8),
-    },
+    # measured per-variant shapes: tuning.TABLE ("<kernel>:<variant>" keys)
 }
 
 def _shape(kernel: str, variant, tokens: int | None = None) -> tuple[int, int]:
-    """(BLOCK_T, num_warps) of one kernel for one record / mode and launch size."""
-    hit = launch.measured(CONFIG["variant"], f"{kernel}:{variant}", tokens)
+    """(BLOCK_T, num_warps) of one kernel for one record / mode and launch size: the measured
+    shape (``tuning``), else the defaults above."""
+    hit = tuning.shape(f"{kernel}:{variant}", tokens)
     if hit is not None:
-        return int(hit[0]), int(hit[1])
+        return int(hit["BLOCK_T"]), int(hit["num_warps"])
     return CONFIG["block_t"][kernel], CONFIG["num_warps"][kernel]
 
 

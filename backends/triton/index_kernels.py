@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import launch
+from . import launch, tuning
 from .reductions import _rcumsum, _rsum
 
 __all__ = [
@@ -43,7 +43,9 @@ _TILE = 4096  # int32 elements per program and column step (16 KiB read + 16 KiB
 
 # Launch-shape overrides per op name (absent: the heuristics below), e.g.
 # TUNE["compute_global_topk_indices_and_lens"] = {"BLOCK_R": 1, "BLOCK_C": 2048, "num_warps": 8}.
-TUNE: dict = {}
+# The one override table of ``tuning`` (no measured entries: the heuristics are the measured
+# choice, docs/performance.md).
+TUNE: dict = tuning.OVERRIDES
 
 
 def _cfg(op: str, block_r: int, block_c: int) -> tuple[int, int, int]:

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import conversions, launch
+from . import conversions, launch, tuning
 from .reductions import _rmax, _rsum
 
 __all__ = [
@@ -60,44 +60,18 @@ _MXFP4_FLOOR = tl.constexpr(6.0 * 2.0**-126)  # MXFP4 block amax floor (§1.8), 
 
 
 
-# Launch-shape overrides per op name (None / absent: the built-in heuristics), e.g.
+# Launch-shape overrides per op name, at every size (the sweep and the tests), e.g.
 # TUNE["fused_indexer_q_rope_quant"] = {"BLOCK_T": 2, "BLOCK_H": 64, "num_warps": 8}.
 # Keys: indexer Q / inverse RoPE: BLOCK_T, BLOCK_H, num_warps; query quant: BLOCK_T,
-# num_warps; pad: BLOCK_R, num_warps.  Used by the tuning sweep of the GPU tests.
-TUNE: dict = {}
-
-
-# Measured launch shapes at V4.1 production sizes (H200 sweeps, python -m
-# dsv41.backends.triton.sweep; docs/performance.md): "<op>" for launches of more than launch.DECODE_T tokens (best
-# fraction of copy at 65536), "<op>:decode" for the others (best CUDA-graph replay at 64),
-# "<op>:tiny" where launches of at most launch.TINY_T tokens have their own.
-# TUNE overrides them; ops / sizes without an entry use the heuristics of their launcher.
-MEASURED = {
-    "fused_inv_rope_fp8_quant": {"BLOCK_T": 2, "BLOCK_H": 8, "num_warps": 4},
-    # decode sizes: programs of one quant chunk (BLOCK_D 128), so only the chunk with the
-    # RoPE dims waits for position -> cos/sin.  <= 8 tokens: 1 token x 1 head x 128 dims, one
-    # warp (it holds a whole quant group: no cross-warp step for its max; H200 sweep, five
-    # passes, 16 heads, h200-sweep-8-call3.jsonl: 1.19 / 1.20 / 1.22 / 1.27 us at 1 / 2 / 4 /
-    # 8 tokens, against 1.31 / 1.21 / 1.19 / 1.39 for 1 x 4 heads x 4 warps, 1.43-1.51 with 2
-    # warps); 9-64 tokens 4 x 4 x 128 (h200-sweep-7-call2-inv-decode.jsonl: 1.78-1.88 us at
-    # 64; whole rows of 4 x 1 1.97-1.98)
-    "fused_inv_rope_fp8_quant:tiny": {"BLOCK_T": 1, "BLOCK_H": 1, "num_warps": 1, "BLOCK_D": 128},
-    "fused_inv_rope_fp8_quant:decode": {"BLOCK_T": 4, "BLOCK_H": 4, "num_warps": 4, "BLOCK_D": 128},
-    # one warp per row: its reductions stay in warp shuffles (H200 sweep, h200-sweep-2.txt:
-    # 0.77 of copy at 65536 rows, 0.54 with 2 rows x 2 warps)
-    "fused_q_kv_rmsnorm_quant": {"BLOCK_T": 1, "num_warps": 1},
-    "fused_q_kv_rmsnorm_quant:decode": {"BLOCK_T": 1, "num_warps": 8},
-    # H200 sweep of the MXFP4 split path (h200-sweep-3.txt): 2.13 us at 64 tokens
-    # (8 warps: 2.25); at 65536 the heuristic shape (1 x 64 heads, 4 warps) is the best, 0.77
-    "fused_indexer_q_rope_quant:mxfp4:decode": {"BLOCK_T": 1, "BLOCK_H": 16, "num_warps": 4},
-}
+# num_warps; pad: BLOCK_R, num_warps.  The one override table of ``tuning``; the measured
+# shapes are ``tuning.TABLE``.
+TUNE: dict = tuning.OVERRIDES
 
 
 def _launch_shape(op: str, tokens: int, variant: str | None = None) -> dict | None:
-    """TUNE[op], else the measured shape for this size, else None (the heuristics)."""
-    if op in TUNE:
-        return TUNE[op]
-    return launch.measured(MEASURED, op if variant is None else f"{op}:{variant}", tokens)
+    """TUNE[op], else the measured shape for this size (``tuning.TABLE``), else None (the
+    heuristics)."""
+    return tuning.shape(op if variant is None else f"{op}:{variant}", tokens, override=op)
 
 
 def use_hw_convert(device: torch.device) -> bool:

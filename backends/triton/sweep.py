@@ -26,7 +26,7 @@ import sys
 import time
 
 import torch
-from dsv41.backends.triton import cache_kernels, index_kernels, rope_kernels
+from dsv41.backends.triton import cache_kernels, tuning
 
 from dsv41.tools import bench
 
@@ -124,19 +124,17 @@ class _Applied:
     def _table(self):
         if self.kind == "flag":
             return cache_kernels.CONFIG
-        if self.kind == "cache":
-            return cache_kernels.CONFIG["variant"]
-        return index_kernels.TUNE if self.kind == "index" else rope_kernels.TUNE
+        return tuning.OVERRIDES  # shapes of every kernel, in force at every size
 
     def __enter__(self):
         table = self._table()
-        keys = (self.key, self.key + ":decode") if self.kind == "cache" else (self.key,)
+        keys = (self.key,)
         self.saved = {k: table.get(k, _ABSENT) for k in keys}
         if self.shape is not None:
             if self.kind == "flag":
                 value = self.shape["value"]
             elif self.kind == "cache":
-                value = (self.shape["bt"], self.shape["nw"])
+                value = {"BLOCK_T": self.shape["bt"], "num_warps": self.shape["nw"]}
             else:
                 value = dict(self.shape)
             for k in keys:

@@ -1,0 +1,89 @@
+"""Measured launch shapes of the shared Triton kernels: one table, one format.
+
+``TABLE`` maps a key to a ``Measured``: the launch parameters (``BLOCK_T``, ``num_warps``,
+``BLOCK_H``, ``BLOCK_D``, ...) and the measurement they came from (a file under
+``docs/measurements/``).  Keys are ``"<kernel>:<variant>"`` for the cache kernels (e.g.
+``"rope:288"``) and the op name (with ``":<variant>"`` where a variant has its own) for the
+others, for launches of more than ``launch.DECODE_T`` tokens (the best fraction of copy at
+65536); ``":decode"`` holds the shape for launches of at most ``DECODE_T`` tokens (the best
+CUDA-graph replay at 64) and ``":tiny"`` for at most ``launch.TINY_T`` where that differs.
+A launcher without an entry uses its own heuristics.  Shapes never change the bytes written
+(``tests/test_launch_shapes.py``).
+
+``OVERRIDES`` maps a key to a shape in force at every size, ahead of the table: what the sweep
+tool (``python -m dsv41.backends.triton.sweep``) and the tests try.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from . import launch
+
+__all__ = ["Measured", "TABLE", "OVERRIDES", "shape"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    shape: dict  # launch parameters
+    source: str  # the measurement: a file under docs/measurements/, or how it was measured
+
+
+def _m(source: str, **shape) -> Measured:
+    return Measured(shape, source)
+
+
+_S2, _S3, _S5 = "h200-sweep-2.txt", "h200-sweep-3.txt", "h200-sweep-5.jsonl"
+
+TABLE: dict = {
+    # cache kernels (BLOCK_T tokens per program, num_warps)
+    "insert:584": _m(_S2, BLOCK_T=8, num_warps=2), "insert:584:decode": _m(_S2, BLOCK_T=4, num_warps=4),
+    "insert:528": _m(_S2, BLOCK_T=8, num_warps=8), "insert:528:decode": _m(_S2, BLOCK_T=4, num_warps=4),
+    "gather:584": _m(_S2, BLOCK_T=8, num_warps=2), "gather:584:decode": _m(_S2, BLOCK_T=4, num_warps=8),
+    "gather:528": _m(_S2, BLOCK_T=32, num_warps=4), "gather:528:decode": _m(_S2, BLOCK_T=4, num_warps=8),
+    "gather:288": _m(_S2, BLOCK_T=8, num_warps=8), "gather:288:decode": _m(_S2, BLOCK_T=4, num_warps=8),
+    # the pair-word writers, within 0.01 of the best
+    "rope:584": _m(_S3, BLOCK_T=4, num_warps=4), "rope:584:decode": _m(_S3, BLOCK_T=4, num_warps=4),
+    "rope:528:decode": _m(_S3, BLOCK_T=4, num_warps=4),
+    "rope:bf16:decode": _m(_S3, BLOCK_T=4, num_warps=8),
+    # the 288 record's bf16x2 NVIDIA path: 4 x 1 0.83 of copy (16 x 4: 0.69), decode 1.21 us
+    "rope:288": _m(_S5, BLOCK_T=4, num_warps=1), "rope:288:decode": _m(_S5, BLOCK_T=1, num_warps=1),
+    "indexer:fp8": _m(_S2, BLOCK_T=32, num_warps=8), "indexer:fp8:decode": _m(_S2, BLOCK_T=8, num_warps=4),
+    "norm1:None": _m(_S2, BLOCK_T=1, num_warps=2), "norm1:None:decode": _m(_S2, BLOCK_T=1, num_warps=4),
+    # CR 2 beyond decode sizes: pair programs (two tokens, BLOCK_T 1) of one warp (0.88 of
+    # copy; 2 / 4 warps 0.83 / 0.84)
+    "norm2:None": _m("h200-sweep-6-call2.jsonl", BLOCK_T=1, num_warps=1),
+    "norm2:None:decode": _m(_S2, BLOCK_T=1, num_warps=8),
+    # RoPE / quantization kernels
+    "fused_inv_rope_fp8_quant": _m("the GPU suite's tuning sweep (test_gpu_tuning_sweep); no file kept",
+                                   BLOCK_T=2, BLOCK_H=8, num_warps=4),
+    # decode sizes: programs of one quant chunk (BLOCK_D 128), so only the chunk with the RoPE
+    # dims waits for position -> cos/sin.  <= 8 tokens: 1 token x 1 head, one warp (it holds a
+    # whole quant group: no cross-warp step for its max; 1.19 / 1.20 / 1.22 / 1.27 us at
+    # 1 / 2 / 4 / 8 tokens, against 1.31 / 1.21 / 1.19 / 1.39 for 1 x 4 heads x 4 warps);
+    # 9-64 tokens 4 x 4 x 128 (1.78-1.88 us at 64; whole rows of 4 x 1 1.97-1.98)
+    "fused_inv_rope_fp8_quant:tiny": _m("h200-sweep-8-call3.jsonl",
+                                        BLOCK_T=1, BLOCK_H=1, num_warps=1, BLOCK_D=128),
+    "fused_inv_rope_fp8_quant:decode": _m("h200-sweep-7-call2-inv-decode.jsonl",
+                                          BLOCK_T=4, BLOCK_H=4, num_warps=4, BLOCK_D=128),
+    # one warp per row: its reductions stay in warp shuffles (0.77 of copy at 65536 rows, 0.54
+    # with 2 rows x 2 warps)
+    "fused_q_kv_rmsnorm_quant": _m(_S2, BLOCK_T=1, num_warps=1),
+    "fused_q_kv_rmsnorm_quant:decode": _m(_S2, BLOCK_T=1, num_warps=8),
+    # the MXFP4 split path: 2.13 us at 64 tokens (8 warps: 2.25); at 65536 the heuristic shape
+    # (1 x 64 heads, 4 warps) is the best, 0.77
+    "fused_indexer_q_rope_quant:mxfp4:decode": _m(_S3, BLOCK_T=1, BLOCK_H=16, num_warps=4),
+}
+
+OVERRIDES: dict = {}
+
+
+def shape(key: str, tokens: int | None, override: str | None = None) -> dict | None:
+    """The launch parameters for ``key`` at a launch of ``tokens`` tokens (rows): the override
+    of ``override`` (default ``key``) if any, else the measured entry of that size class, else
+    None (the launcher's heuristics)."""
+    hit = OVERRIDES.get(key if override is None else override)
+    if hit is not None:
+        return hit
+    m = launch.measured(TABLE, key, tokens)
+    return None if m is None else m.shape
