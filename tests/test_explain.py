@@ -92,3 +92,18 @@ def test_kernels_consult_their_declared_limits():
             assert op in b.kernels and b.input_fallback, (b.name, op)
             module, _, fn_name = where.partition(":")
             assert fn_name in inspect.getsource(b.load(op)), (b.name, op)
+
+
+def test_explain_stops_before_a_relayout_writes():
+    """transcode_k_cache between layouts moves bytes around its kernel: explain stops first."""
+    from dsv41.transcode import transcode_k_cache
+
+    src = torch.randint(0, 255, (3, 16, 528), dtype=torch.uint8)
+    dst = torch.zeros_like(src)
+    e = dsv41.explain(transcode_k_cache, src, dst, torch.tensor([0, 2]), False, False, 16,
+                      src_v41_layout="interleaved", dst_v41_layout="paged")
+    assert e.op == "transcode_k_cache" and e.runs == "cpu"
+    assert not dst.any()
+    transcode_k_cache(src, dst, torch.tensor([0, 2]), False, False, 16,
+                      src_v41_layout="interleaved", dst_v41_layout="paged")
+    assert dst.any()

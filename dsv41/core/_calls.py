@@ -27,7 +27,7 @@ from torch import Tensor
 from . import _library  # noqa: F401  (registers torch.ops.dsv41.*)
 from . import registry
 
-__all__ = ["ops", "eager_enabled", "takes_op_path", "capturing", "KernelCall"]
+__all__ = ["ops", "eager_enabled", "takes_op_path", "capturing", "KernelCall", "stop_if_capturing"]
 
 _eager: bool | None = None
 
@@ -75,6 +75,13 @@ class capturing:
 
     def __exit__(self, *exc):
         _capture.on = False
+
+
+def stop_if_capturing(name: str, args: tuple) -> None:
+    """For a public function that reaches its kernel through a composite step (which may move
+    bytes first): inside ``capturing()`` stop here, before anything is written."""
+    if getattr(_capture, "on", False):
+        raise KernelCall(name, args)
 
 
 class _Call:
