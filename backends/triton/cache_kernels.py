@@ -891,6 +891,15 @@ def _geometry(width: int) -> dict:
                 VB=rec.value_bytes, SB=rec.scale_bytes)
 
 
+@functools.lru_cache(maxsize=None)
+def _record_bytes(width: int) -> dict:
+    """``VB`` / ``SB`` of the rope writer for a record of ``width`` bytes (0 / 0 for rows)."""
+    if not width:
+        return dict(VB=0, SB=0)
+    g = _geometry(width)
+    return dict(VB=g["VB"], SB=g["SB"])
+
+
 def _align(t: torch.Tensor, *strides) -> int:
     """Largest of 4, 2, 1 dividing the tensor's address and the given byte strides."""
     for a in (4, 2):
@@ -1043,9 +1052,10 @@ def _rope_quant_insert_kernel(
     ALIGN: tl.constexpr, SOFT: tl.constexpr, PTX: tl.constexpr, EXACT_LOG2: tl.constexpr,
     BLOCK_T: tl.constexpr,
     PDL: tl.constexpr = False, ROPE_WORDS: tl.constexpr = True,
-    INTERLEAVED: tl.constexpr = False,
+    INTERLEAVED: tl.constexpr = False, VB: tl.constexpr = 0, SB: tl.constexpr = 0,
 ):
     launch.pdl_prologue(PDL)
+    # VB / SB: value and scale bytes per token of the record (MODE 0-2; ``_geometry``).
     # The latent is read as pairs (e, o) = dims (2i, 2i+1), i < 256: pairs 0..223 are NoPE
     # (a 256-lane tile, lanes >= 224 masked off; 288 on NVIDIA reads its own tiles, and the
     # unused loads compile away), 224..255 the RoPE dims.  Every record
@@ -1080,11 +1090,11 @@ def _rope_quant_insert_kernel(
         amax = tl.maximum(tl.max(_nan_abs(e3, SOFT), axis=2), tl.max(_nan_abs(o3, SOFT), axis=2))
         mult, code = _ue8m0_scale(amax, 448.0, EXACT_LOG2, SANITIZE)
         q = _ue8m0_pair_bytes(e3, o3, mult[:, :, None], SOFT, PTX)
-        vbase = page + tok * 576
+        vbase = page + tok * VB
         _store_units(cache_ptr, vbase, p, tl.reshape(q, (BLOCK_T, 256)), pm, 2, ALIGN >= 2)
         g = tl.arange(0, 8)
         code = tl.where((g < 7)[None, :], code, 0)
-        tl.store(cache_ptr + (page + block_size * 576 + tok * 8)[:, None] + g[None, :],
+        tl.store(cache_ptr + (page + block_size * VB + tok * SB)[:, None] + g[None, :],
                  code.to(tl.uint8), mask=vm)
         _store_units(cache_ptr, vbase + 448, i, _bf16_word(re, ro, SOFT, PTX), vm, 4, ALIGN >= 4)
     else:
@@ -1094,12 +1104,12 @@ def _rope_quant_insert_kernel(
             # 528: rotated fp32 row in 16 UE8M0 groups of 32 (14 NoPE groups + 2 RoPE groups)
             qn, cn = _ue8m0_pairs(tl.reshape(ne, (BLOCK_T, 16, 16)), tl.reshape(no, (BLOCK_T, 16, 16)),
                                   EXACT_LOG2, SANITIZE, SOFT, PTX)
-            vbase = _value_base(page, tok, 512, 16, INTERLEAVED)
+            vbase = _value_base(page, tok, VB, SB, INTERLEAVED)
             _store_units(cache_ptr, vbase, p, tl.reshape(qn, (BLOCK_T, 256)), pm, 2, ALIGN >= 2)
             qr, cr = _ue8m0_pairs(tl.reshape(re, (BLOCK_T, 2, 16)), tl.reshape(ro, (BLOCK_T, 2, 16)),
                                   EXACT_LOG2, SANITIZE, SOFT, PTX)
             _store_units(cache_ptr, vbase + 448, i, tl.reshape(qr, (BLOCK_T, 32)), vm, 2, ALIGN >= 2)
-            sbase = _scale_base(page, tok, block_size, 512, 16, INTERLEAVED)
+            sbase = _scale_base(page, tok, block_size, VB, SB, INTERLEAVED)
             g = tl.arange(0, 16)
             tl.store(cache_ptr + sbase[:, None] + g[None, :], cn.to(tl.uint8),
                      mask=vm & (g < 14)[None, :])
@@ -1108,8 +1118,8 @@ def _rope_quant_insert_kernel(
         elif MODE == 2:
             # 288: NVFP4 groups of 16 = 8 pairs (28 NoPE groups + 4 RoPE groups), one byte per
             # pair, e4m3 scale bytes
-            vbase = _value_base(page, tok, 256, 32, INTERLEAVED)
-            sbase = _scale_base(page, tok, block_size, 256, 32, INTERLEAVED)
+            vbase = _value_base(page, tok, VB, SB, INTERLEAVED)
+            sbase = _scale_base(page, tok, block_size, VB, SB, INTERLEAVED)
             # RoPE: 4 groups, loaded as [BT, 4, 8] (no reshape of the 2-D pairs)
             pr = _nvfp4_tile_index(28, 4) - 224
             wr = _latent_words(lat_ptr, lrow[:, None, None], 224 + pr[None, :, :],
@@ -1219,7 +1229,8 @@ def rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, 
         CR=int(compress_ratio), MODE=mode, SANITIZE=bool(sanitize_nans), WORDS=words,
         ALIGN=_align(cache, page_stride, row_stride), SOFT=_soft(kv_cache), PTX=_ptx(kv_cache),
         EXACT_LOG2=_exact_log2(), BLOCK_T=BT, PDL=pdl, ROPE_WORDS=bool(CONFIG["rope288_words"]),
-        INTERLEAVED=bool(interleaved), num_warps=NW, **launch.pdl_kwargs(pdl),
+        INTERLEAVED=bool(interleaved), **_record_bytes(kv_cache.shape[-1] if mode <= _MODE_288 else 0),
+        num_warps=NW, **launch.pdl_kwargs(pdl),
     )
 
 
@@ -1746,7 +1757,7 @@ def _register_aot() -> None:
                     block_size=AOT_BLOCK_SIZE, CR=1, MODE=mode, SANITIZE=sanitize, WORDS=True, ALIGN=4, SOFT=soft, PTX=not soft, EXACT_LOG2=True,
                     PDL=t == "sm100",  # the decode launch's PDL prologue, built for sm100
                     ROPE_WORDS=bool(CONFIG["rope288_words"]), BLOCK_T=_shape("rope", var)[0],
-                    INTERLEAVED=il), (t,), _shape("rope", var)[1], ("lat_ptr", "lat_s0", "cs_ptr", "cs_s0", "cache_ptr", "page_stride",
+                    INTERLEAVED=il, **_record_bytes(var if mode <= _MODE_288 else 0)), (t,), _shape("rope", var)[1], ("lat_ptr", "lat_s0", "cs_ptr", "cs_s0", "cache_ptr", "page_stride",
                                                  "row_stride"))
 
     idx_t = {"k_ptr": "*bf16", "k_s0": "i32", "pos_ptr": "*i64", "cs_ptr": "*fp32",
