@@ -180,7 +180,9 @@ def dequantize_and_gather_k_cache(
     if _kernel_attribute is None:
         _ops.dequantize_and_gather_k_cache(*args)
     else:
-        _registry.preferred_kernel("dequantize_and_gather_k_cache", out.device.type, _kernel_attribute)(*args)
+        kernel = _registry.preferred_kernel("dequantize_and_gather_k_cache", out.device.type, _kernel_attribute)
+        _calls.stop_if_capturing("dequantize_and_gather_k_cache", args, kernel)
+        kernel(*args)
 
 
 def _gather_preferring(attribute: str, name: str, doc: str):

@@ -31,5 +31,12 @@ def explain(fn: Callable | str, *args, **kwargs) -> registry.Explanation | None:
         with _calls.capturing():
             fn(*args, **kwargs)
     except _calls.KernelCall as call:
-        return registry.explain(call.name, *call.args)
+        e = registry.explain(call.name, *call.args)
+        if call.kernel is not None:  # the public function picked its kernel itself
+            picked = next((b.name for b in registry._backends()
+                           if call.name in b.kernels and b.load(call.name) is call.kernel), None)
+            if picked is not None and picked != e.runs:
+                e.steps.append((picked, f"runs: {getattr(fn, '__name__', fn)} prefers it"))
+                e.runs = picked
+        return e
     return None

@@ -107,3 +107,18 @@ def test_explain_stops_before_a_relayout_writes():
     transcode_k_cache(src, dst, torch.tensor([0, 2]), False, False, 16,
                       src_v41_layout="interleaved", dst_v41_layout="paged")
     assert dst.any()
+
+
+def test_explain_a_function_that_picks_its_kernel():
+    """dequantize_and_gather_k_cache_triton picks a Triton kernel where one runs (none on a CPU
+    machine without the interpreter: the selected one); explain names it and writes nothing."""
+    out, cache, seq, gl, table, bs, off, fnuz, _ = _gather_args(528, False)
+    cache.copy_(torch.randint(0, 120, cache.shape, dtype=torch.uint8))  # a real gather writes non-zeros
+    e = dsv41.explain(dsv41.dequantize_and_gather_k_cache_triton, out, cache, seq, gl, table, bs, off, fnuz)
+    kernel = registry.preferred_kernel("dequantize_and_gather_k_cache", "cpu", "triton_source")
+    names = [b.name for b in registry._backends() if b.kernels.get("dequantize_and_gather_k_cache")
+             and b.load("dequantize_and_gather_k_cache") is kernel]
+    assert e.runs in names
+    assert not out.any()
+    dsv41.dequantize_and_gather_k_cache_triton(out, cache, seq, gl, table, bs, off, fnuz)
+    assert out.any()

@@ -58,9 +58,10 @@ def takes_op_path(args) -> bool:
 class KernelCall(Exception):
     """Raised in place of a kernel launch inside ``capturing()``: the op and its kernel arguments."""
 
-    def __init__(self, name: str, args: tuple):
+    def __init__(self, name: str, args: tuple, kernel=None):
         super().__init__(name)
-        self.name, self.args = name, args
+        # kernel: the function that would run, where the caller chose it instead of the registry
+        self.name, self.args, self.kernel = name, args, kernel
 
 
 _capture = threading.local()
@@ -77,11 +78,12 @@ class capturing:
         _capture.on = False
 
 
-def stop_if_capturing(name: str, args: tuple) -> None:
-    """For a public function that reaches its kernel through a composite step (which may move
-    bytes first): inside ``capturing()`` stop here, before anything is written."""
+def stop_if_capturing(name: str, args: tuple, kernel=None) -> None:
+    """For a public function that reaches its kernel other than through ``ops`` (a composite step
+    that may move bytes first, or a kernel it picked itself): inside ``capturing()`` stop here,
+    before anything is written."""
     if getattr(_capture, "on", False):
-        raise KernelCall(name, args)
+        raise KernelCall(name, args, kernel)
 
 
 class _Call:
