@@ -27,6 +27,9 @@ def explain(fn: Callable | str, *args, **kwargs) -> registry.Explanation | None:
         if fn not in OPS:
             raise ValueError(f"explain: unknown op {fn!r}; ops are {', '.join(OPS)}")
         fn = public_function(fn)
+    elif not callable(fn):
+        raise TypeError(f"explain: argument 'fn' expected a public dsv41 function or an op name, "
+                        f"got {type(fn).__name__}")
     try:
         with _calls.capturing():
             fn(*args, **kwargs)

@@ -44,6 +44,8 @@ def test_explain_by_op_name_and_bad_input():
         dsv41.explain("quantize_and_insert_k_cache", k, cache, torch.tensor([0]), 64, True, False, 100)
     with pytest.raises(ValueError, match="unknown op"):
         dsv41.explain("no_such_op")
+    with pytest.raises(TypeError, match="'fn'"):
+        dsv41.explain(3)
     # after explain, calls run their kernels again
     dsv41.quantize_and_insert_k_cache(k, cache, torch.tensor([0, 1]), 64, True, False, 528)
     assert cache.any()

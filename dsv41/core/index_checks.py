@@ -526,19 +526,26 @@ def check_save_ring_rows(rows, slot_mapping, state_cache) -> None:
     ch.run()
 
 
+def _group_writer(op, positions, cos_sin_cache, cache, slot_arg, slot_mapping, compress_ratio) -> None:
+    """The writers of one row per group of ``compress_ratio`` tokens: slots >= 0 inside the paged
+    ``cache`` (no two group-closing tokens on one slot) and their positions inside the table."""
+    ch = _Checks(op)
+    T = slot_mapping.shape[0]
+    nb, B = cache.shape[0], cache.shape[1]
+    p = positions.reshape(-1)[:T].to(_I64)
+    closes = (p + 1) % compress_ratio == 0
+    _slots(ch, slot_arg, slot_mapping, nb * B, f"num_blocks*block_size ({nb}*{B})", writes=closes)
+    _positions(ch, "positions", positions, T, cos_sin_cache.shape[0], "cos_sin_cache", mask=slot_mapping >= 0)
+    ch.run()
+
+
 def check_rope_quant_insert(positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio) -> None:
     """Slots of tokens with a slot >= 0 ``< kv_cache.shape[0] * kv_cache.shape[1]`` and their
     positions inside ``cos_sin_cache``; no two group-closing tokens share a slot."""
     if not _active():
         return
-    ch = _Checks("rope_quant_insert")
-    T = slot_mapping.shape[0]
-    nb, B = kv_cache.shape[0], kv_cache.shape[1]
-    p = positions.reshape(-1)[:T].to(_I64)
-    closes = (p + 1) % compress_ratio == 0
-    _slots(ch, "slot_mapping", slot_mapping, nb * B, f"num_blocks*block_size ({nb}*{B})", writes=closes)
-    _positions(ch, "positions", positions, T, cos_sin_cache.shape[0], "cos_sin_cache", mask=slot_mapping >= 0)
-    ch.run()
+    _group_writer("rope_quant_insert", positions, cos_sin_cache, kv_cache, "slot_mapping", slot_mapping,
+                  compress_ratio)
 
 
 # --------------------------------------------------------------------------- indexer
@@ -549,14 +556,8 @@ def check_indexer_k_norm_rope_store(positions, cos_sin_cache, k_cache, kv_slot_m
     positions inside ``cos_sin_cache``; no two group-closing tokens share a slot."""
     if not _active():
         return
-    ch = _Checks("indexer_k_norm_rope_store")
-    T = kv_slot_mapping.shape[0]
-    nb, B = k_cache.shape[0], k_cache.shape[1]
-    p = positions.reshape(-1)[:T].to(_I64)
-    closes = (p + 1) % compress_ratio == 0
-    _slots(ch, "kv_slot_mapping", kv_slot_mapping, nb * B, f"num_blocks*block_size ({nb}*{B})", writes=closes)
-    _positions(ch, "positions", positions, T, cos_sin_cache.shape[0], "cos_sin_cache", mask=kv_slot_mapping >= 0)
-    ch.run()
+    _group_writer("indexer_k_norm_rope_store", positions, cos_sin_cache, k_cache, "kv_slot_mapping",
+                  kv_slot_mapping, compress_ratio)
 
 
 def check_fused_indexer_q_rope_quant(positions, index_q, index_q_cos_sin_cache) -> None:
