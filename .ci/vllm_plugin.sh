@@ -17,7 +17,14 @@ cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 t0=$SECONDS
 
-venv=${VLLM_PLUGIN_VENV:-$(mktemp -d)/venv}
+if [[ -n ${VLLM_PLUGIN_VENV:-} ]]; then
+  venv=$VLLM_PLUGIN_VENV
+else
+  # A venv of our own is about 3 GB (torch, Triton, the vLLM wheel): removed when the step ends.
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  venv=$tmp/venv
+fi
 [[ -x $venv/bin/python ]] || python3 -m venv "$venv"
 # shellcheck disable=SC1091
 source "$venv/bin/activate"
