@@ -16,6 +16,7 @@ from .core import _calls
 from .core import index_checks as _ic
 from .core._validate import INT_INDEX, Check
 from .core import registry as _registry
+from .core.accepted_layouts import AcceptedLayouts
 from .core.formats import (
     DEFAULT_V41_LAYOUT,
     V4_BYTES_PER_TOKEN,
@@ -25,7 +26,6 @@ from .core.formats import (
     V41_NVFP4,
     V41_NVFP4_BYTES_PER_TOKEN,
     interleaved_for,
-    record_for_width,
 )
 
 # vLLM 0.33's names for the V4.1 record geometry (dsv41.core.formats holds the records).
@@ -57,6 +57,7 @@ __all__ = [
 
 _ops = _calls.ops
 I32 = torch.int32
+_accepted = {name: AcceptedLayouts() for name in ("insert", "gather", "global_topk", "combine", "flashinfer")}
 
 
 def quantize_and_insert_k_cache(
@@ -81,21 +82,24 @@ def quantize_and_insert_k_cache(
     (vLLM 0.33, the default) or ``"paged"`` (vLLM's development snapshot); see
     ``dsv41.core.formats``.
     """
-    c = Check("quantize_and_insert_k_cache")
-    c.tensor("k", k, dtype=torch.bfloat16, ndim=2)
-    c.size("k", k, 1, expected=512)
-    c.stride("k", k, 1, expected=1)
-    c.stride("k", k, 0, expected=512)
-    c.integer("bytes_per_token", bytes_per_token, choices=(V4_BYTES_PER_TOKEN, V41_BYTES_PER_TOKEN))
-    c.integer("block_size", block_size, min_value=1)
-    c.paged_cache("k_cache", k_cache, block_size, bytes_per_token)
-    c.tensor("slot_mapping", slot_mapping, dtype=INT_INDEX, ndim=1)
-    c.size("k", k, 0, at_least=slot_mapping.shape[0])
-    c.flag("is_ue8m0", is_ue8m0)
-    if not is_ue8m0:
-        c.fail("is_ue8m0", "True (only UE8M0 power-of-two scales exist in these records)", is_ue8m0)
-    c.flag("use_fnuz", use_fnuz)
-    c.choice("v41_layout", v41_layout, V41_LAYOUTS)
+    new = _accepted["insert"].new(locals())
+    if new is not None:
+        c = Check("quantize_and_insert_k_cache")
+        c.tensor("k", k, dtype=torch.bfloat16, ndim=2)
+        c.size("k", k, 1, expected=512)
+        c.stride("k", k, 1, expected=1)
+        c.stride("k", k, 0, expected=512)
+        c.integer("bytes_per_token", bytes_per_token, choices=(V4_BYTES_PER_TOKEN, V41_BYTES_PER_TOKEN))
+        c.integer("block_size", block_size, min_value=1)
+        c.paged_cache("k_cache", k_cache, block_size, bytes_per_token)
+        c.tensor("slot_mapping", slot_mapping, dtype=INT_INDEX, ndim=1)
+        c.size("k", k, 0, at_least=slot_mapping.shape[0])
+        c.flag("is_ue8m0", is_ue8m0)
+        if not is_ue8m0:
+            c.fail("is_ue8m0", "True (only UE8M0 power-of-two scales exist in these records)", is_ue8m0)
+        c.flag("use_fnuz", use_fnuz)
+        c.choice("v41_layout", v41_layout, V41_LAYOUTS)
+        _accepted["insert"].add(new)
     if slot_mapping.shape[0] == 0:
         return
     _ic.check_quantize_and_insert_k_cache(k, k_cache, slot_mapping, block_size)
@@ -143,34 +147,32 @@ def dequantize_and_gather_k_cache(
     launch grid and changes nothing here.  ``v41_layout`` (keyword-only) says
     where the 528 / 288 records keep their scales (``dsv41.core.formats``).
     """
-    c = Check("dequantize_and_gather_k_cache")
-    c.tensor("out", out, dtype=torch.bfloat16, ndim=3)
-    c.size("out", out, 2, expected=512)
-    c.stride("out", out, 2, expected=1)
-    c.tensor("k_cache", k_cache, dtype=torch.uint8, ndim=3)
-    try:
-        record_for_width(k_cache.shape[-1])
-    except ValueError:
-        c.fail("k_cache", "a last dim of 584, 528 or 288 bytes", f"shape {tuple(k_cache.shape)}")
-    if k_cache.shape[-1] not in (584, 528, 288):
-        c.fail("k_cache", "a last dim of 584, 528 or 288 bytes", f"shape {tuple(k_cache.shape)}")
-    c.integer("block_size", block_size, min_value=1)
-    c.paged_cache("k_cache", k_cache, block_size, k_cache.shape[-1])
-    c.tensor("seq_lens", seq_lens, dtype=I32, ndim=1)
-    num_reqs = seq_lens.shape[0]
-    c.size("out", out, 0, at_least=num_reqs)
-    c.tensor("gather_lens", gather_lens, dtype=I32, ndim=1, optional=True)
-    if gather_lens is not None:
-        c.size("gather_lens", gather_lens, 0, expected=num_reqs)
-    c.tensor("block_table", block_table, dtype=I32, ndim=2)
-    c.size("block_table", block_table, 0, at_least=num_reqs)
-    c.stride("block_table", block_table, 1, expected=1)
-    c.integer("offset", offset, min_value=0)
-    c.flag("use_fnuz", use_fnuz)
-    if max_gather_len is not None:
-        c.integer("max_gather_len", max_gather_len, min_value=0)
-    c.choice("v41_layout", v41_layout, V41_LAYOUTS)
-    if num_reqs == 0:
+    new = _accepted["gather"].new(locals())
+    if new is not None:
+        c = Check("dequantize_and_gather_k_cache")
+        c.tensor("out", out, dtype=torch.bfloat16, ndim=3)
+        c.size("out", out, 2, expected=512)
+        c.stride("out", out, 2, expected=1)
+        c.tensor("k_cache", k_cache, dtype=torch.uint8, ndim=3)
+        if k_cache.shape[-1] not in (584, 528, 288):
+            c.fail("k_cache", "a last dim of 584, 528 or 288 bytes", f"shape {tuple(k_cache.shape)}")
+        c.integer("block_size", block_size, min_value=1)
+        c.paged_cache("k_cache", k_cache, block_size, k_cache.shape[-1])
+        c.tensor("seq_lens", seq_lens, dtype=I32, ndim=1)
+        c.size("out", out, 0, at_least=seq_lens.shape[0])
+        c.tensor("gather_lens", gather_lens, dtype=I32, ndim=1, optional=True)
+        if gather_lens is not None:
+            c.size("gather_lens", gather_lens, 0, expected=seq_lens.shape[0])
+        c.tensor("block_table", block_table, dtype=I32, ndim=2)
+        c.size("block_table", block_table, 0, at_least=seq_lens.shape[0])
+        c.stride("block_table", block_table, 1, expected=1)
+        c.integer("offset", offset, min_value=0)
+        c.flag("use_fnuz", use_fnuz)
+        if max_gather_len is not None:
+            c.integer("max_gather_len", max_gather_len, min_value=0)
+        c.choice("v41_layout", v41_layout, V41_LAYOUTS)
+        _accepted["gather"].add(new)
+    if seq_lens.shape[0] == 0:
         return
     _ic.check_dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_table, block_size, offset)
     args = (
@@ -228,20 +230,23 @@ def compute_global_topk_indices_and_lens(
     Padding tokens (``is_valid_token`` False) get length 0 but their row is
     still translated (and compacted).
     """
-    c = Check("compute_global_topk_indices_and_lens")
-    c.tensor("topk_indices", topk_indices, dtype=I32, ndim=2)
-    c.stride("topk_indices", topk_indices, 1, expected=1)
+    new = _accepted["global_topk"].new(locals())
+    if new is not None:
+        c = Check("compute_global_topk_indices_and_lens")
+        c.tensor("topk_indices", topk_indices, dtype=I32, ndim=2)
+        c.stride("topk_indices", topk_indices, 1, expected=1)
+        c.tensor("token_to_req_indices", token_to_req_indices, dtype=I32, ndim=1)
+        c.size("token_to_req_indices", token_to_req_indices, 0, at_least=topk_indices.shape[0])
+        c.tensor("block_table", block_table, dtype=I32, ndim=2)
+        c.stride("block_table", block_table, 1, expected=1)
+        c.integer("block_size", block_size, min_value=1)
+        c.tensor("is_valid_token", is_valid_token, dtype=torch.bool, ndim=1)
+        c.size("is_valid_token", is_valid_token, 0, at_least=topk_indices.shape[0])
+        c.flag("compact", compact)
+        _accepted["global_topk"].add(new)
     n = topk_indices.shape[0]
-    c.tensor("token_to_req_indices", token_to_req_indices, dtype=I32, ndim=1)
-    c.size("token_to_req_indices", token_to_req_indices, 0, at_least=n)
-    c.tensor("block_table", block_table, dtype=I32, ndim=2)
-    c.stride("block_table", block_table, 1, expected=1)
-    c.integer("block_size", block_size, min_value=1)
-    c.tensor("is_valid_token", is_valid_token, dtype=torch.bool, ndim=1)
-    c.size("is_valid_token", is_valid_token, 0, at_least=n)
-    c.flag("compact", compact)
-    out = torch.empty((n, topk_indices.shape[1]), dtype=I32, device=topk_indices.device)
-    lens = torch.empty((n,), dtype=I32, device=topk_indices.device)
+    out = torch.empty(n, topk_indices.shape[1], dtype=I32, device=topk_indices.device)
+    lens = torch.empty(n, dtype=I32, device=topk_indices.device)
     if n > 0:
         _ic.check_compute_global_topk_indices_and_lens(topk_indices, token_to_req_indices, block_table, block_size, is_valid_token)
         _ops.compute_global_topk_indices_and_lens(
@@ -269,37 +274,42 @@ def combine_topk_swa_indices(
     ``(combined_indices [T, roundup(topk + window_size, 128)], combined_lens [T])``;
     ``out`` reuses preallocated buffers of those shapes.
     """
-    c = Check("combine_topk_swa_indices")
-    c.tensor("topk_indices", topk_indices, dtype=I32, ndim=2)
-    c.stride("topk_indices", topk_indices, 1, expected=1)
-    c.tensor("query_start_loc", query_start_loc, dtype=I32, ndim=1)
-    c.size("query_start_loc", query_start_loc, 0, at_least=1)
-    num_reqs = query_start_loc.shape[0] - 1
-    c.tensor("seq_lens", seq_lens, dtype=I32, ndim=1)
-    c.size("seq_lens", seq_lens, 0, at_least=num_reqs)
-    c.tensor("gather_lens", gather_lens, dtype=I32, ndim=1)
-    c.size("gather_lens", gather_lens, 0, at_least=num_reqs)
-    c.integer("window_size", window_size, min_value=0)
-    c.integer("compress_ratio", compress_ratio, min_value=0)
-    c.integer("topk", topk, min_value=0)
-    c.size("topk_indices", topk_indices, 1, at_least=topk)
-    c.integer("M", M, min_value=0)
-    c.integer("N", N, min_value=0)
+    new = _accepted["combine"].new(locals())
+    if new is not None:
+        c = Check("combine_topk_swa_indices")
+        c.tensor("topk_indices", topk_indices, dtype=I32, ndim=2)
+        c.stride("topk_indices", topk_indices, 1, expected=1)
+        c.tensor("query_start_loc", query_start_loc, dtype=I32, ndim=1)
+        c.size("query_start_loc", query_start_loc, 0, at_least=1)
+        num_reqs = query_start_loc.shape[0] - 1
+        c.tensor("seq_lens", seq_lens, dtype=I32, ndim=1)
+        c.size("seq_lens", seq_lens, 0, at_least=num_reqs)
+        c.tensor("gather_lens", gather_lens, dtype=I32, ndim=1)
+        c.size("gather_lens", gather_lens, 0, at_least=num_reqs)
+        c.integer("window_size", window_size, min_value=0)
+        c.integer("compress_ratio", compress_ratio, min_value=0)
+        c.integer("topk", topk, min_value=0)
+        c.size("topk_indices", topk_indices, 1, at_least=topk)
+        c.integer("M", M, min_value=0)
+        c.integer("N", N, min_value=0)
+        if out is not None:
+            if not isinstance(out, (tuple, list)) or len(out) != 2:
+                c.fail("out", "a (combined_indices, combined_lens) tuple or None", type(out).__name__, TypeError)
+            t = topk_indices.shape[0]
+            c.tensor("out[0]", out[0], dtype=I32, ndim=2)
+            c.size("out[0]", out[0], 0, expected=t)
+            c.size("out[0]", out[0], 1, expected=(topk + window_size + 127) // 128 * 128)
+            c.stride("out[0]", out[0], 1, expected=1)
+            c.tensor("out[1]", out[1], dtype=I32, ndim=1)
+            c.size("out[1]", out[1], 0, expected=t)
+        _accepted["combine"].add(new)
     t = topk_indices.shape[0]
-    width = (topk + window_size + 127) // 128 * 128
     if out is None:
-        idx = torch.empty((t, width), dtype=I32, device=topk_indices.device)
-        lens = torch.empty((t,), dtype=I32, device=topk_indices.device)
+        width = (topk + window_size + 127) // 128 * 128
+        idx = torch.empty(t, width, dtype=I32, device=topk_indices.device)
+        lens = torch.empty(t, dtype=I32, device=topk_indices.device)
     else:
-        if not isinstance(out, (tuple, list)) or len(out) != 2:
-            c.fail("out", "a (combined_indices, combined_lens) tuple or None", type(out).__name__, TypeError)
         idx, lens = out
-        c.tensor("out[0]", idx, dtype=I32, ndim=2)
-        c.size("out[0]", idx, 0, expected=t)
-        c.size("out[0]", idx, 1, expected=width)
-        c.stride("out[0]", idx, 1, expected=1)
-        c.tensor("out[1]", lens, dtype=I32, ndim=1)
-        c.size("out[1]", lens, 0, expected=t)
     if t > 0:
         _ic.check_combine_topk_swa_indices(topk_indices, query_start_loc, seq_lens, gather_lens, window_size, compress_ratio, topk, M, N)
         _ops.combine_topk_swa_indices(
@@ -337,61 +347,69 @@ def build_flashinfer_mixed_sparse_indices(
     [D+P]``.  Rows are 16-byte aligned for FlashInfer's vectorized loads.
     ``replay_start`` lower-bounds every prefill token's SWA window.
     """
-    c = Check("build_flashinfer_mixed_sparse_indices")
-    c.tensor("decode_swa_indices", decode_swa_indices, dtype=I32, ndim=2)
-    c.stride("decode_swa_indices", decode_swa_indices, 1, expected=1)
-    w_swa = decode_swa_indices.shape[1]
-    c.integer("window_size", window_size, min_value=0)
-    if w_swa < window_size:
-        c.fail("decode_swa_indices", f"width >= window_size ({window_size})", f"shape {tuple(decode_swa_indices.shape)}")
-    c.tensor("prefill_topk_indices", prefill_topk_indices, dtype=I32, ndim=2)
-    c.stride("prefill_topk_indices", prefill_topk_indices, 1, expected=1)
+    new = _accepted["flashinfer"].new(locals())
+    if new is not None:
+        c = Check("build_flashinfer_mixed_sparse_indices")
+        c.tensor("decode_swa_indices", decode_swa_indices, dtype=I32, ndim=2)
+        c.stride("decode_swa_indices", decode_swa_indices, 1, expected=1)
+        w_swa = decode_swa_indices.shape[1]
+        c.integer("window_size", window_size, min_value=0)
+        if w_swa < window_size:
+            c.fail("decode_swa_indices", f"width >= window_size ({window_size})", f"shape {tuple(decode_swa_indices.shape)}")
+        c.tensor("prefill_topk_indices", prefill_topk_indices, dtype=I32, ndim=2)
+        c.stride("prefill_topk_indices", prefill_topk_indices, 1, expected=1)
+        d = decode_swa_indices.shape[0]
+        p = prefill_topk_indices.shape[0]
+        c.tensor("query_start_loc", query_start_loc, dtype=I32, ndim=1)
+        c.tensor("seq_lens", seq_lens, dtype=I32, ndim=1)
+        c.tensor("token_to_req_indices", token_to_req_indices, dtype=I32, ndim=1)
+        c.size("token_to_req_indices", token_to_req_indices, 0, at_least=d + p)
+        c.tensor("replay_start", replay_start, dtype=I32, ndim=1)
+        c.size("replay_start", replay_start, 0, at_least=seq_lens.shape[0])
+        c.size("query_start_loc", query_start_loc, 0, at_least=seq_lens.shape[0] + 1)
+        c.tensor("swa_block_table", swa_block_table, dtype=I32, ndim=2)
+        c.stride("swa_block_table", swa_block_table, 1, expected=1)
+        c.integer("swa_block_size", swa_block_size, min_value=1)
+        c.integer("compressed_block_size", compressed_block_size, min_value=1)
+        c.integer("compress_ratio", compress_ratio, min_value=0)
+        c.integer("topk", topk, min_value=0)
+        c.flag("decode_compressed_indices_are_local", decode_compressed_indices_are_local)
+        k_dec = 0
+        if decode_compressed_indices is not None:
+            c.tensor("decode_compressed_indices", decode_compressed_indices, dtype=I32, ndim=2)
+            c.stride("decode_compressed_indices", decode_compressed_indices, 1, expected=1)
+            c.size("decode_compressed_indices", decode_compressed_indices, 0, expected=d)
+            k_dec = decode_compressed_indices.shape[1]
+        if decode_compressed_topk_lens is not None:
+            c.tensor("decode_compressed_topk_lens", decode_compressed_topk_lens, dtype=I32, ndim=1)
+            c.size("decode_compressed_topk_lens", decode_compressed_topk_lens, 0, at_least=d)
+        if k_dec > 0 and decode_compressed_indices_are_local:
+            if decode_is_valid_token is None:
+                c.fail("decode_is_valid_token", "a bool tensor when decode indices are local", "None", TypeError)
+            c.tensor("decode_is_valid_token", decode_is_valid_token, dtype=torch.bool, ndim=1)
+            c.size("decode_is_valid_token", decode_is_valid_token, 0, at_least=d)
+        if compressed_block_table is not None:
+            c.tensor("compressed_block_table", compressed_block_table, dtype=I32, ndim=2)
+            c.stride("compressed_block_table", compressed_block_table, 1, expected=1)
+        if swa_block_span is not None:
+            c.integer("swa_block_span", swa_block_span, min_value=1)
+        if compressed_block_span is not None:
+            c.integer("compressed_block_span", compressed_block_span, min_value=1)
+        _accepted["flashinfer"].add(new)
     d = decode_swa_indices.shape[0]
     p = prefill_topk_indices.shape[0]
-    c.tensor("query_start_loc", query_start_loc, dtype=I32, ndim=1)
-    c.tensor("seq_lens", seq_lens, dtype=I32, ndim=1)
-    c.tensor("token_to_req_indices", token_to_req_indices, dtype=I32, ndim=1)
-    c.size("token_to_req_indices", token_to_req_indices, 0, at_least=d + p)
-    c.tensor("replay_start", replay_start, dtype=I32, ndim=1)
-    c.size("replay_start", replay_start, 0, at_least=seq_lens.shape[0])
-    c.size("query_start_loc", query_start_loc, 0, at_least=seq_lens.shape[0] + 1)
-    c.tensor("swa_block_table", swa_block_table, dtype=I32, ndim=2)
-    c.stride("swa_block_table", swa_block_table, 1, expected=1)
-    c.integer("swa_block_size", swa_block_size, min_value=1)
-    c.integer("compressed_block_size", compressed_block_size, min_value=1)
-    c.integer("compress_ratio", compress_ratio, min_value=0)
-    c.integer("topk", topk, min_value=0)
-    c.flag("decode_compressed_indices_are_local", decode_compressed_indices_are_local)
-    k_dec = 0
-    if decode_compressed_indices is not None:
-        c.tensor("decode_compressed_indices", decode_compressed_indices, dtype=I32, ndim=2)
-        c.stride("decode_compressed_indices", decode_compressed_indices, 1, expected=1)
-        c.size("decode_compressed_indices", decode_compressed_indices, 0, expected=d)
-        k_dec = decode_compressed_indices.shape[1]
-    if decode_compressed_topk_lens is not None:
-        c.tensor("decode_compressed_topk_lens", decode_compressed_topk_lens, dtype=I32, ndim=1)
-        c.size("decode_compressed_topk_lens", decode_compressed_topk_lens, 0, at_least=d)
-    if k_dec > 0 and decode_compressed_indices_are_local:
-        if decode_is_valid_token is None:
-            c.fail("decode_is_valid_token", "a bool tensor when decode indices are local", "None", TypeError)
-        c.tensor("decode_is_valid_token", decode_is_valid_token, dtype=torch.bool, ndim=1)
-        c.size("decode_is_valid_token", decode_is_valid_token, 0, at_least=d)
-    else:
+    w_swa = decode_swa_indices.shape[1]
+    k_dec = 0 if decode_compressed_indices is None else decode_compressed_indices.shape[1]
+    if not (k_dec > 0 and decode_compressed_indices_are_local):
         decode_is_valid_token = None
     if compressed_block_table is None:
         compressed_block_table = swa_block_table
-    c.tensor("compressed_block_table", compressed_block_table, dtype=I32, ndim=2)
-    c.stride("compressed_block_table", compressed_block_table, 1, expected=1)
-    swa_span = swa_block_size if swa_block_span is None else c.integer("swa_block_span", swa_block_span, min_value=1)
-    comp_span = (
-        compressed_block_size
-        if compressed_block_span is None
-        else c.integer("compressed_block_span", compressed_block_span, min_value=1)
-    )
+    swa_span = swa_block_size if swa_block_span is None else swa_block_span
+    comp_span = compressed_block_size if compressed_block_span is None else compressed_block_span
     padded_topk = (max(topk, k_dec) + 3) // 4 * 4
     dev = decode_swa_indices.device
-    sparse_indices = torch.empty((d + p, w_swa + padded_topk), dtype=I32, device=dev)
-    sparse_topk_lens = torch.empty((d + p,), dtype=I32, device=dev)
+    sparse_indices = torch.empty(d + p, w_swa + padded_topk, dtype=I32, device=dev)
+    sparse_topk_lens = torch.empty(d + p, dtype=I32, device=dev)
     if d + p == 0:
         return sparse_indices, sparse_topk_lens
     args = (

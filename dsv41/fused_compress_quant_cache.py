@@ -9,11 +9,13 @@ from .core import _calls
 from .core import index_checks as _ic
 from .core import platform as _platform
 from .core._validate import INT_INDEX, Check
+from .core.accepted_layouts import AcceptedLayouts
 from .core.formats import DEFAULT_V41_LAYOUT, V41_LAYOUTS, interleaved_for
 
 __all__ = ["fused_save_compress_norm", "save_ring_rows", "rope_quant_insert"]
 
 _ops = _calls.ops
+_accepted = {name: AcceptedLayouts() for name in ("save_compress", "save_ring_rows", "rope_insert")}
 
 
 def fused_save_compress_norm(
@@ -43,47 +45,51 @@ def fused_save_compress_norm(
     ring row where that index is >= 0, and the ring is not written — the caller
     stores it with ``save_ring_rows``.  Both are ignored for CR 1.
     """
-    c = Check("fused_save_compress_norm")
-    c.integer("compress_ratio", compress_ratio, choices=(1, 2))
-    c.tensor("kv_score", kv_score, dtype=torch.float32, ndim=2)
-    c.size("kv_score", kv_score, 1, expected=512 * compress_ratio)
-    c.stride("kv_score", kv_score, 1, expected=1)
-    c.stride("kv_score", kv_score, 0, multiple_of=16)
-    c.tensor("positions", positions, dtype=INT_INDEX, ndim=1)
-    c.contiguous("positions", positions)
-    c.tensor("slot_mapping", slot_mapping, dtype=INT_INDEX, ndim=1)
-    c.contiguous("slot_mapping", slot_mapping)
+    new = _accepted["save_compress"].new(locals())
+    if new is not None:
+        c = Check("fused_save_compress_norm")
+        c.integer("compress_ratio", compress_ratio, choices=(1, 2))
+        c.tensor("kv_score", kv_score, dtype=torch.float32, ndim=2)
+        c.size("kv_score", kv_score, 1, expected=512 * compress_ratio)
+        c.stride("kv_score", kv_score, 1, expected=1)
+        c.stride("kv_score", kv_score, 0, multiple_of=16)
+        c.tensor("positions", positions, dtype=INT_INDEX, ndim=1)
+        c.contiguous("positions", positions)
+        c.tensor("slot_mapping", slot_mapping, dtype=INT_INDEX, ndim=1)
+        c.contiguous("slot_mapping", slot_mapping)
+        t = slot_mapping.shape[0]
+        c.size("kv_score", kv_score, 0, at_least=t)
+        c.size("positions", positions, 0, at_least=t)
+        c.tensor("rms_norm_weight", rms_norm_weight, dtype=torch.bfloat16, ndim=1)
+        c.size("rms_norm_weight", rms_norm_weight, 0, expected=512)
+        c.contiguous("rms_norm_weight", rms_norm_weight)
+        c.number("rms_norm_eps", rms_norm_eps)
+        c.tensor("latent_out", latent_out, dtype=torch.bfloat16, ndim=2)
+        c.size("latent_out", latent_out, 0, expected=kv_score.shape[0])
+        c.size("latent_out", latent_out, 1, expected=512)
+        c.contiguous("latent_out", latent_out)
+        if compress_ratio == 2:
+            c.tensor("state_cache", state_cache, dtype=torch.float32, ndim=3)
+            c.size("state_cache", state_cache, 2, expected=1024)
+            c.stride("state_cache", state_cache, 2, expected=1)
+            c.stride("state_cache", state_cache, 1, multiple_of=16)
+            c.tensor("query_start_loc", query_start_loc, dtype=torch.int32, ndim=1)
+            c.contiguous("query_start_loc", query_start_loc)
+            c.size("query_start_loc", query_start_loc, 0, at_least=1)
+            c.tensor("token_to_req_indices", token_to_req_indices, dtype=torch.int32, ndim=1)
+            c.contiguous("token_to_req_indices", token_to_req_indices)
+            c.size("token_to_req_indices", token_to_req_indices, 0, at_least=t)
+            if prev_rows is not None or prev_row_indices is not None:
+                c.tensor("prev_rows", prev_rows, dtype=torch.float32, ndim=2)
+                c.size("prev_rows", prev_rows, 1, expected=1024)
+                c.stride("prev_rows", prev_rows, 1, expected=1)
+                c.stride("prev_rows", prev_rows, 0, multiple_of=16)
+                c.tensor("prev_row_indices", prev_row_indices, dtype=INT_INDEX, ndim=1)
+                c.contiguous("prev_row_indices", prev_row_indices)
+                c.size("prev_row_indices", prev_row_indices, 0, at_least=query_start_loc.shape[0] - 1)
+        _accepted["save_compress"].add(new)
     t = slot_mapping.shape[0]
-    c.size("kv_score", kv_score, 0, at_least=t)
-    c.size("positions", positions, 0, at_least=t)
-    c.tensor("rms_norm_weight", rms_norm_weight, dtype=torch.bfloat16, ndim=1)
-    c.size("rms_norm_weight", rms_norm_weight, 0, expected=512)
-    c.contiguous("rms_norm_weight", rms_norm_weight)
-    eps = c.number("rms_norm_eps", rms_norm_eps)
-    c.tensor("latent_out", latent_out, dtype=torch.bfloat16, ndim=2)
-    c.size("latent_out", latent_out, 0, expected=kv_score.shape[0])
-    c.size("latent_out", latent_out, 1, expected=512)
-    c.contiguous("latent_out", latent_out)
-    if compress_ratio == 2:
-        c.tensor("state_cache", state_cache, dtype=torch.float32, ndim=3)
-        c.size("state_cache", state_cache, 2, expected=1024)
-        c.stride("state_cache", state_cache, 2, expected=1)
-        c.stride("state_cache", state_cache, 1, multiple_of=16)
-        c.tensor("query_start_loc", query_start_loc, dtype=torch.int32, ndim=1)
-        c.contiguous("query_start_loc", query_start_loc)
-        c.size("query_start_loc", query_start_loc, 0, at_least=1)
-        c.tensor("token_to_req_indices", token_to_req_indices, dtype=torch.int32, ndim=1)
-        c.contiguous("token_to_req_indices", token_to_req_indices)
-        c.size("token_to_req_indices", token_to_req_indices, 0, at_least=t)
-        if prev_rows is not None or prev_row_indices is not None:
-            c.tensor("prev_rows", prev_rows, dtype=torch.float32, ndim=2)
-            c.size("prev_rows", prev_rows, 1, expected=1024)
-            c.stride("prev_rows", prev_rows, 1, expected=1)
-            c.stride("prev_rows", prev_rows, 0, multiple_of=16)
-            c.tensor("prev_row_indices", prev_row_indices, dtype=INT_INDEX, ndim=1)
-            c.contiguous("prev_row_indices", prev_row_indices)
-            c.size("prev_row_indices", prev_row_indices, 0, at_least=query_start_loc.shape[0] - 1)
-    else:
+    if compress_ratio != 2:
         state_cache = query_start_loc = token_to_req_indices = None  # CR 1 keeps no state
         prev_rows = prev_row_indices = None
     if t == 0:
@@ -94,7 +100,7 @@ def fused_save_compress_norm(
     )
     _ops.fused_save_compress_norm(
         kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices,
-        rms_norm_weight, eps, compress_ratio, latent_out, prev_rows, prev_row_indices,
+        rms_norm_weight, float(rms_norm_eps), compress_ratio, latent_out, prev_rows, prev_row_indices,
     )
 
 
@@ -106,16 +112,19 @@ def save_ring_rows(rows: torch.Tensor, slot_mapping: torch.Tensor, state_cache: 
     update ``fused_save_compress_norm`` leaves to the caller when given
     ``prev_rows``.  Two rows with one slot: which one stays is unspecified.
     """
-    c = Check("save_ring_rows")
-    c.tensor("rows", rows, dtype=torch.float32, ndim=2)
-    c.size("rows", rows, 1, expected=1024)
-    c.stride("rows", rows, 1, expected=1)
-    c.tensor("slot_mapping", slot_mapping, dtype=INT_INDEX, ndim=1)
-    c.size("slot_mapping", slot_mapping, 0, expected=rows.shape[0])
-    c.contiguous("slot_mapping", slot_mapping)
-    c.tensor("state_cache", state_cache, dtype=torch.float32, ndim=3)
-    c.size("state_cache", state_cache, 2, expected=1024)
-    c.stride("state_cache", state_cache, 2, expected=1)
+    new = _accepted["save_ring_rows"].new(locals())
+    if new is not None:
+        c = Check("save_ring_rows")
+        c.tensor("rows", rows, dtype=torch.float32, ndim=2)
+        c.size("rows", rows, 1, expected=1024)
+        c.stride("rows", rows, 1, expected=1)
+        c.tensor("slot_mapping", slot_mapping, dtype=INT_INDEX, ndim=1)
+        c.size("slot_mapping", slot_mapping, 0, expected=rows.shape[0])
+        c.contiguous("slot_mapping", slot_mapping)
+        c.tensor("state_cache", state_cache, dtype=torch.float32, ndim=3)
+        c.size("state_cache", state_cache, 2, expected=1024)
+        c.stride("state_cache", state_cache, 2, expected=1)
+        _accepted["save_ring_rows"].add(new)
     if rows.shape[0] == 0:
         return
     _ic.check_save_ring_rows(rows, slot_mapping, state_cache)
@@ -145,37 +154,42 @@ def rope_quant_insert(
     ``v41_layout`` (keyword-only) places the 528 / 288 records' scales:
     ``"interleaved"`` (vLLM 0.33, the default) or ``"paged"`` (``dsv41.core.formats``).
     """
-    c = Check("rope_quant_insert")
-    c.integer("compress_ratio", compress_ratio, choices=(1, 2))
-    c.tensor("latent", latent, dtype=torch.bfloat16, ndim=2)
-    c.size("latent", latent, 1, expected=512)
-    c.contiguous("latent", latent)
-    c.tensor("positions", positions, dtype=INT_INDEX, ndim=1)
-    c.tensor("slot_mapping", slot_mapping, dtype=INT_INDEX, ndim=1)
+    new = _accepted["rope_insert"].new(locals())
+    if new is not None:
+        c = Check("rope_quant_insert")
+        c.integer("compress_ratio", compress_ratio, choices=(1, 2))
+        c.tensor("latent", latent, dtype=torch.bfloat16, ndim=2)
+        c.size("latent", latent, 1, expected=512)
+        c.contiguous("latent", latent)
+        c.tensor("positions", positions, dtype=INT_INDEX, ndim=1)
+        c.tensor("slot_mapping", slot_mapping, dtype=INT_INDEX, ndim=1)
+        t = slot_mapping.shape[0]
+        c.size("latent", latent, 0, at_least=t)
+        c.size("positions", positions, 0, at_least=t)
+        c.cos_sin("cos_sin_cache", cos_sin_cache, rope_dim=64)
+        c.tensor("kv_cache", kv_cache, dtype=(torch.uint8, torch.bfloat16, torch.float8_e4m3fn), ndim=3)
+        b = kv_cache.shape[1]
+        if kv_cache.dtype == torch.uint8:
+            if kv_cache.shape[2] not in (584, 528, 288):
+                c.fail("kv_cache", "a uint8 record width of 584, 528 or 288 (unsupported paged KV record width)",
+                       f"shape {tuple(kv_cache.shape)}")
+            c.paged_cache("kv_cache", kv_cache, b, kv_cache.shape[2])
+        else:
+            c.size("kv_cache", kv_cache, 2, expected=512)
+            c.stride("kv_cache", kv_cache, 2, expected=1)
+        if kv_cache.dtype == torch.float8_e4m3fn:
+            c.tensor("fp8_scale", fp8_scale, dtype=torch.float32)
+            if fp8_scale.numel() != 1:
+                c.fail("fp8_scale", "a 1-element tensor", f"shape {tuple(fp8_scale.shape)}")
+        if sanitize_nans is not None:
+            c.flag("sanitize_nans", sanitize_nans)
+        c.choice("v41_layout", v41_layout, V41_LAYOUTS)
+        _accepted["rope_insert"].add(new)
     t = slot_mapping.shape[0]
-    c.size("latent", latent, 0, at_least=t)
-    c.size("positions", positions, 0, at_least=t)
-    c.cos_sin("cos_sin_cache", cos_sin_cache, rope_dim=64)
-    c.tensor("kv_cache", kv_cache, dtype=(torch.uint8, torch.bfloat16, torch.float8_e4m3fn), ndim=3)
-    b = kv_cache.shape[1]
-    if kv_cache.dtype == torch.uint8:
-        if kv_cache.shape[2] not in (584, 528, 288):
-            c.fail("kv_cache", "a uint8 record width of 584, 528 or 288 (unsupported paged KV record width)",
-                   f"shape {tuple(kv_cache.shape)}")
-        c.paged_cache("kv_cache", kv_cache, b, kv_cache.shape[2])
-    else:
-        c.size("kv_cache", kv_cache, 2, expected=512)
-        c.stride("kv_cache", kv_cache, 2, expected=1)
-    if kv_cache.dtype == torch.float8_e4m3fn:
-        c.tensor("fp8_scale", fp8_scale, dtype=torch.float32)
-        if fp8_scale.numel() != 1:
-            c.fail("fp8_scale", "a 1-element tensor", f"shape {tuple(fp8_scale.shape)}")
-    else:
+    if kv_cache.dtype != torch.float8_e4m3fn:
         fp8_scale = None
     if sanitize_nans is None:
         sanitize_nans = _platform.probe().arch == "gfx950"
-    c.flag("sanitize_nans", sanitize_nans)
-    c.choice("v41_layout", v41_layout, V41_LAYOUTS)
     if t == 0:
         return
     interleaved = kv_cache.dtype == torch.uint8 and interleaved_for(kv_cache.shape[2], v41_layout)

@@ -9,6 +9,7 @@ import torch
 
 from .core import _calls
 from .core._validate import Check
+from .core.accepted_layouts import AcceptedLayouts
 
 __all__ = [
     "fused_q_kv_rmsnorm_quant",
@@ -22,6 +23,7 @@ __all__ = [
 ]
 
 _ops = _calls.ops
+_accepted = {"q_kv": AcceptedLayouts()}
 
 MXFP8_GROUP = 32  # dims per ue8m0 scale
 
@@ -136,27 +138,33 @@ def fused_q_kv_rmsnorm_quant(
     bytes in FlashInfer's F8_128x4 swizzle (padding bytes are 0), ``q.orig_dtype`` /
     ``q.orig_shape`` those of ``qr``, ``q.quant_key`` ``MXFP8_DYNAMIC``.
     """
-    c = Check("fused_q_kv_rmsnorm_quant")
-    c.tensor("qr", qr, dtype=torch.bfloat16, ndim=2)
-    c.stride("qr", qr, 1, expected=1)
-    c.tensor("kv", kv, dtype=torch.bfloat16, ndim=2)
-    c.stride("kv", kv, 1, expected=1)
+    new = _accepted["q_kv"].new(locals())
+    if new is not None:
+        c = Check("fused_q_kv_rmsnorm_quant")
+        c.tensor("qr", qr, dtype=torch.bfloat16, ndim=2)
+        c.stride("qr", qr, 1, expected=1)
+        c.tensor("kv", kv, dtype=torch.bfloat16, ndim=2)
+        c.stride("kv", kv, 1, expected=1)
+        t, qs = qr.shape
+        c.size("kv", kv, 0, expected=t)
+        ks = kv.shape[1]
+        if qs % 32 != 0:
+            c.fail("qr", "a row size that is a multiple of 32 (MXFP8 groups)", f"shape {tuple(qr.shape)}")
+        c.tensor("q_weight", q_weight, ndim=1)
+        c.size("q_weight", q_weight, 0, expected=qs)
+        c.contiguous("q_weight", q_weight)
+        c.tensor("kv_weight", kv_weight, ndim=1)
+        c.size("kv_weight", kv_weight, 0, expected=ks)
+        c.contiguous("kv_weight", kv_weight)
+        c.number("eps", eps)
+        _accepted["q_kv"].add(new)
     t, qs = qr.shape
-    c.size("kv", kv, 0, expected=t)
     ks = kv.shape[1]
-    if qs % 32 != 0:
-        c.fail("qr", "a row size that is a multiple of 32 (MXFP8 groups)", f"shape {tuple(qr.shape)}")
-    c.tensor("q_weight", q_weight, ndim=1)
-    c.size("q_weight", q_weight, 0, expected=qs)
-    c.contiguous("q_weight", q_weight)
-    c.tensor("kv_weight", kv_weight, ndim=1)
-    c.size("kv_weight", kv_weight, 0, expected=ks)
-    c.contiguous("kv_weight", kv_weight)
-    eps = c.number("eps", eps)
     tp, gp = swizzled_scale_bytes(t, qs)
-    q_out = torch.empty((t, qs), dtype=torch.float8_e4m3fn, device=qr.device)
-    q_scale = torch.empty((tp * gp,), dtype=torch.uint8, device=qr.device)
-    kv_out = torch.empty((t, ks), dtype=kv.dtype, device=kv.device)
+    q_out = torch.empty(t, qs, dtype=torch.float8_e4m3fn, device=qr.device)
+    q_scale = torch.empty(tp * gp, dtype=torch.uint8, device=qr.device)
+    kv_out = torch.empty(t, ks, dtype=kv.dtype, device=kv.device)
     if t > 0:
-        _ops.fused_q_kv_rmsnorm_quant(qr, kv, q_weight, kv_weight, eps, q_out, q_scale, kv_out)
-    return QuantizedActivation(q_out, q_scale, qr.dtype, qr.shape), kv_out
+        _ops.fused_q_kv_rmsnorm_quant(qr, kv, q_weight, kv_weight, float(eps), q_out, q_scale, kv_out)
+    # quant_key passed explicitly: torch.compile cannot trace a dataclass default it has no source for
+    return QuantizedActivation(q_out, q_scale, qr.dtype, qr.shape, MXFP8_DYNAMIC), kv_out

@@ -106,6 +106,7 @@ from .core import _calls
 from .core import platform as _platform
 from .core import index_checks as _ic
 from .core._validate import INT_INDEX, Check
+from .core.accepted_layouts import AcceptedLayouts
 from .core.formats import DEFAULT_V41_LAYOUT, INDEXER_FP8, RECORDS, TILE, V41_LAYOUTS, V41_NVFP4, CacheLayout, interleaved_for
 
 __all__ = ["transcode_k_cache"]
@@ -126,6 +127,14 @@ def _storage_ptr(t: Tensor):
         return t.untyped_storage().data_ptr()
     except Exception:  # fake / functional tensors under tracing: no overlap check
         return None
+
+
+def _default_tiled(width: int, block_size: int) -> bool:
+    """The 132-byte indexer record is tiled on ROCm for pages of more than one token (as vLLM)."""
+    return width == INDEXER_FP8.width and block_size > 1 and _platform.probe().is_rocm
+
+
+_accepted = AcceptedLayouts()
 
 
 def transcode_k_cache(
@@ -151,58 +160,67 @@ def transcode_k_cache(
     src_v41_layout, dst_v41_layout: where the 528 / 288 records keep their scales in each
         cache, ``"interleaved"`` or ``"paged"`` (keyword-only; ignored for other records).
     """
-    c = Check(OP)
-    c.tensor("src", src, dtype=torch.uint8, ndim=(2, 3))
-    c.tensor("dst", dst, dtype=torch.uint8, ndim=(2, 3))
-    c.tensor("block_ids", block_ids, dtype=INT_INDEX, ndim=1)
-    c.flag("src_fnuz", src_fnuz)
-    c.flag("dst_fnuz", dst_fnuz)
+    new = _accepted.new(locals())
+    if new is not None:
+        c = Check(OP)
+        c.tensor("src", src, dtype=torch.uint8, ndim=(2, 3))
+        c.tensor("dst", dst, dtype=torch.uint8, ndim=(2, 3))
+        c.tensor("block_ids", block_ids, dtype=INT_INDEX, ndim=1)
+        c.flag("src_fnuz", src_fnuz)
+        c.flag("dst_fnuz", dst_fnuz)
 
-    three_d = [(n, t) for n, t in (("src", src), ("dst", dst)) if t.dim() == 3]
-    if block_size is None:
-        if not three_d:
-            c.fail("block_size", "an int when src and dst are both flat [num_blocks, page_bytes] views", None)
-        block_size = three_d[0][1].shape[1]
-    c.integer("block_size", block_size, min_value=1)
-    if three_d:
-        name, ref = three_d[0]
-        width = ref.shape[2]
-        for n, t in three_d[1:]:
-            if t.shape[2] != width:
-                c.fail(n, f"the record width of '{name}' ({width} bytes per token)", f"shape {tuple(t.shape)}")
-    else:
-        if src.shape[1] % block_size != 0:
+        three_d = [(n, t) for n, t in (("src", src), ("dst", dst)) if t.dim() == 3]
+        if block_size is None:
+            if not three_d:
+                c.fail("block_size", "an int when src and dst are both flat [num_blocks, page_bytes] views", None)
+            block_size = three_d[0][1].shape[1]
+        c.integer("block_size", block_size, min_value=1)
+        if three_d:
+            name, ref = three_d[0]
+            width = ref.shape[2]
+            for n, t in three_d[1:]:
+                if t.shape[2] != width:
+                    c.fail(n, f"the record width of '{name}' ({width} bytes per token)", f"shape {tuple(t.shape)}")
+        else:
+            if src.shape[1] % block_size != 0:
+                c.fail(
+                    "src",
+                    f"a flat page of block_size * width bytes (block_size {block_size}); pass a "
+                    "[num_blocks, B, W] view for padded pages",
+                    f"shape {tuple(src.shape)}",
+                )
+            width = src.shape[1] // block_size
+        c.choice("src_v41_layout", src_v41_layout, V41_LAYOUTS)
+        c.choice("dst_v41_layout", dst_v41_layout, V41_LAYOUTS)
+        src_il, dst_il = interleaved_for(width, src_v41_layout), interleaved_for(width, dst_v41_layout)
+        relayout = width == V41_NVFP4.width and src_il != dst_il
+        if relayout and (src_fnuz or dst_fnuz):
+            c.fail("src_fnuz", "False with dst_fnuz False for the 288-byte record (NVFP4 has no FNUZ flavour)",
+                   f"src_fnuz={src_fnuz}, dst_fnuz={dst_fnuz}")
+        if width not in FP8_WIDTHS and not relayout:
+            holds = "; 288 (NVFP4) and 68 (MXFP4) hold no fp8" if width in RECORDS else ""
             c.fail(
                 "src",
-                f"a flat page of block_size * width bytes (block_size {block_size}); pass a "
-                "[num_blocks, B, W] view for padded pages",
-                f"shape {tuple(src.shape)}",
+                f"a record that holds fp8: {', '.join(map(str, FP8_WIDTHS))} bytes per token{holds}",
+                f"{width} bytes per token (shape {tuple(src.shape)}, block_size {block_size})",
             )
-        width = src.shape[1] // block_size
-    c.choice("src_v41_layout", src_v41_layout, V41_LAYOUTS)
-    c.choice("dst_v41_layout", dst_v41_layout, V41_LAYOUTS)
-    src_il, dst_il = interleaved_for(width, src_v41_layout), interleaved_for(width, dst_v41_layout)
-    relayout = width == V41_NVFP4.width and src_il != dst_il
-    if relayout and (src_fnuz or dst_fnuz):
-        c.fail("src_fnuz", "False with dst_fnuz False for the 288-byte record (NVFP4 has no FNUZ flavour)",
-               f"src_fnuz={src_fnuz}, dst_fnuz={dst_fnuz}")
-    if width not in FP8_WIDTHS and not relayout:
-        holds = "; 288 (NVFP4) and 68 (MXFP4) hold no fp8" if width in RECORDS else ""
-        c.fail(
-            "src",
-            f"a record that holds fp8: {', '.join(map(str, FP8_WIDTHS))} bytes per token{holds}",
-            f"{width} bytes per token (shape {tuple(src.shape)}, block_size {block_size})",
-        )
-    c.paged_cache("src", src, block_size, width)
-    c.paged_cache("dst", dst, block_size, width)
+        c.paged_cache("src", src, block_size, width)
+        c.paged_cache("dst", dst, block_size, width)
 
+        if tiled is not None:
+            c.flag("tiled", tiled)
+        tiled = _default_tiled(width, block_size) if tiled is None else tiled
+        if tiled and width != INDEXER_FP8.width:
+            c.fail("tiled", f"False for the {width}-byte record (only the 132-byte indexer record is tiled)", tiled)
+        if tiled and block_size % TILE != 0:
+            c.fail("block_size", f"a multiple of {TILE} for the tiled layout", block_size)
+        _accepted.add(new)
+    if block_size is None:
+        block_size = (src if src.dim() == 3 else dst).shape[1]
+    width = (src.shape[2] if src.dim() == 3 else dst.shape[2] if dst.dim() == 3 else src.shape[1] // block_size)
+    src_il, dst_il = interleaved_for(width, src_v41_layout), interleaved_for(width, dst_v41_layout)
     if tiled is None:
-        tiled = width == INDEXER_FP8.width and block_size > 1 and _platform.probe().is_rocm
-    c.flag("tiled", tiled)
-    if tiled and width != INDEXER_FP8.width:
-        c.fail("tiled", f"False for the {width}-byte record (only the 132-byte indexer record is tiled)", tiled)
-    if tiled and block_size % TILE != 0:
-        c.fail("block_size", f"a multiple of {TILE} for the tiled layout", block_size)
+        tiled = _default_tiled(width, block_size)
 
     if src is not dst:
         ps, pd = _storage_ptr(src), _storage_ptr(dst)
@@ -211,8 +229,8 @@ def transcode_k_cache(
                 src.data_ptr() == dst.data_ptr() and src.stride(0) == dst.stride(0) and src.shape[0] == dst.shape[0]
             )
             if not same_view:
-                c.fail("dst", "src itself (in place) or a cache that does not share storage with src",
-                       "a different view of src's storage")
+                Check(OP).fail("dst", "src itself (in place) or a cache that does not share storage with src",
+                               "a different view of src's storage")
 
     if block_ids.shape[0] == 0:
         return

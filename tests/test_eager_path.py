@@ -9,7 +9,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import dsv41
-from dsv41.core import _calls
+from dsv41.core import _calls, registry
 from dsv41.tools.conformance import CASES, clone_args, written_bytes
 
 
@@ -91,3 +91,18 @@ def test_subclass_arguments_take_the_op_path(eager_default):
     k, cache, slots = _insert_args()
     assert _calls.takes_op_path((k.as_subclass(Tagged), cache, slots))
     assert not _calls.takes_op_path((k, cache, slots))
+
+
+def test_parameters_take_the_eager_path(eager_default):
+    # weights arrive as nn.Parameter: a plain tensor to the dispatcher
+    k, cache, slots = _insert_args()
+    assert not _calls.takes_op_path((torch.nn.Parameter(k, requires_grad=False), cache, slots, 64, None, 1.0))
+    assert not _calls.takes_op_path((k, cache, slots, torch.float32, "paged", True))
+
+
+@pytest.mark.parametrize("op", registry.OPS)
+def test_first_kernel_argument_names_the_device(op):
+    # the eager path picks the kernel by the device of the first kernel argument
+    first = getattr(torch.ops.dsv41, op).default._schema.arguments[0]
+    assert str(first.type) == "Tensor", f"{op}: first kernel argument {first.name} is {first.type}"
+

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 import dsv41
-from dsv41.core import registry
+from dsv41.core import platform, registry
+from dsv41.tools import bench
 from dsv41.tools.conformance import CASES, clone_args, written_bytes
+from dsv41.tools.public_calls import public_call
 
 # One representative case per op (opcheck runs each op several times).
 FIRST = {}
@@ -78,3 +82,28 @@ def test_torch_compile_fullgraph_pipeline():
     got = torch.compile(pipeline, fullgraph=True, backend="inductor")(*comp_in)
     assert torch.equal(want, got)
     assert torch.equal(eager_in[1], comp_in[1]) and torch.equal(eager_in[3], comp_in[3])
+
+
+def _bytes_of(x):
+    if isinstance(x, torch.Tensor):
+        return [written_bytes(x)]
+    if isinstance(x, (tuple, list)):
+        return [b for v in x for b in _bytes_of(v)]
+    if dataclasses.is_dataclass(x):
+        return _bytes_of([getattr(x, f.name) for f in dataclasses.fields(x)])
+    return []
+
+
+@pytest.mark.parametrize("op", registry.OPS)
+def test_public_function_compiles_fullgraph(op):
+    """Each public function (vLLM's signature) traces whole under torch.compile: its checks,
+    its remembered layouts and its dispatch fold away, and it writes what the eager call writes."""
+    variant = next(v for v in bench.VARIANTS if v.op == op)
+    fn, pos, kw = public_call(op, variant.build(bench._Gen("cpu", 0), 8, platform.probe()).args)
+    torch._dynamo.reset()
+    eager_args, eager_kw = clone_args(list(pos)), {k: clone_args([v])[0] for k, v in kw.items()}
+    comp_args, comp_kw = clone_args(list(pos)), {k: clone_args([v])[0] for k, v in kw.items()}
+    want = fn(*eager_args, **eager_kw)
+    got = torch.compile(fn, fullgraph=True, backend="aot_eager")(*comp_args, **comp_kw)
+    for a, b in zip(_bytes_of([want, eager_args, eager_kw]), _bytes_of([got, comp_args, comp_kw])):
+        assert torch.equal(a, b)

@@ -41,18 +41,31 @@ def eager_enabled() -> bool:
 
 
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_is_compiling = torch.compiler.is_compiling
+
+
+# Types a kernel argument may have on the eager path without a closer look (one C-level pass
+# over the arguments); anything else is examined one by one.  ``nn.Parameter`` is a plain
+# tensor to the dispatcher (weights arrive as parameters).
+_PLAIN_TENSORS = (Tensor, torch.nn.Parameter)
+_PLAIN_TYPES = frozenset({*_PLAIN_TENSORS, int, float, bool, str, type(None), torch.dtype})
+
+
+def _has_subclass(args) -> bool:
+    for a in args:
+        if isinstance(a, Tensor) and type(a) not in _PLAIN_TENSORS:
+            return True
+    return False
 
 
 def takes_op_path(args) -> bool:
-    """Whether a call with these kernel arguments must go through the custom op."""
-    if not eager_enabled() or torch.compiler.is_compiling():
+    """Whether a call with these kernel arguments must go through the custom op: tracing
+    (tested first: torch.compile folds it and never sees the rest),
+    a dispatch mode, a functorch transform, or a tensor subclass (fake, functional, DTensor)."""
+    if _is_compiling() or _dispatch_modes() or _functorch_active() or not eager_enabled():
         return True
-    if torch._C._len_torch_dispatch_stack() or _functorch_active():
-        return True
-    for a in args:
-        if isinstance(a, Tensor) and type(a) is not Tensor:
-            return True
-    return False
+    return not _PLAIN_TYPES.issuperset(map(type, args)) and _has_subclass(args)
 
 
 class KernelCall(Exception):
@@ -64,7 +77,12 @@ class KernelCall(Exception):
         self.name, self.args, self.kernel = name, args, kernel
 
 
-_capture = threading.local()
+class _Capturing(threading.local):
+    # a class default: reading a missing attribute of a thread-local costs ~0.4 us (an exception)
+    on = False
+
+
+_capture = _Capturing()
 
 
 class capturing:
@@ -82,7 +100,7 @@ def stop_if_capturing(name: str, args: tuple, kernel=None) -> None:
     """For a public function that reaches its kernel other than through ``ops`` (a composite step
     that may move bytes first, or a kernel it picked itself): inside ``capturing()`` stop here,
     before anything is written."""
-    if getattr(_capture, "on", False):
+    if _capture.on:
         raise KernelCall(name, args, kernel)
 
 
@@ -94,14 +112,27 @@ class _Call:
         self.op = getattr(torch.ops.dsv41, name)
 
     def __call__(self, *args):
-        if getattr(_capture, "on", False):
+        if _capture.on:
             raise KernelCall(self.name, args)
-        if takes_op_path(args):
+        # takes_op_path(args), written out: this runs on every eager call
+        if (_is_compiling() or _dispatch_modes() or _functorch_active()
+                or not (_eager if _eager is not None else eager_enabled())
+                or not (_PLAIN_TYPES.issuperset(map(type, args)) or not _has_subclass(args))):
             return self.op(*args)
-        for a in args:
-            if isinstance(a, Tensor):
-                return registry.kernel(self.name, a.device.type)(*args)
-        return self.op(*args)  # no tensor argument: let the op say what is wrong
+        # every op's first kernel argument is a tensor (op_specs); the one that names the device
+        first = args[0] if args else None
+        if not isinstance(first, Tensor):
+            return self.op(*args)  # let the op say what is wrong
+        device = first.device
+        kind = _device_types.get(device)
+        if kind is None:
+            kind = _device_types[device] = device.type
+        # the registry resolves once per op; this lookup is two dict reads
+        return registry.kernel(self.name, kind)(*args)
+
+
+# torch.device -> its type string: reading ``device.type`` costs more than this lookup
+_device_types: dict = {}
 
 
 class _Ops:

@@ -100,7 +100,11 @@ def validate_enabled() -> bool:
 
 
 # Set while ``enforce`` runs a check whatever ``DSV41_VALIDATE`` says (per thread).
-_enforcing = threading.local()
+class _Enforcing(threading.local):
+    on = False  # a class default: a missing thread-local attribute is slow to read
+
+
+_enforcing = _Enforcing()
 
 # Ops whose out-of-range indices are errors.  The index builders define a result for every
 # index (a read outside the block table gives the entry -1) and transcode_k_cache skips ids
@@ -127,7 +131,7 @@ def _active() -> bool:
     """Validation on (or ``enforce`` running), and the call is not being traced by
     ``torch.compile`` nor captured into a CUDA graph (a device sync is impossible there: the
     checks are skipped)."""
-    if not (validate_enabled() or getattr(_enforcing, "on", False)):
+    if not (validate_enabled() or _enforcing.on):
         return False
     if torch.compiler.is_compiling():
         return False
