@@ -182,3 +182,15 @@ def test_import_creates_no_gpu_context():
     code = "import torch, dsv41; import dsv41.backends; print(torch.cuda.is_initialized())"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.returncode == 0 and p.stdout.strip() == "False", p.stderr
+
+
+def test_op_spec_binds_kernel_arguments_by_name():
+    from dsv41.core.op_specs import spec
+
+    s = spec("compute_global_topk_indices_and_lens")
+    a = s.bind(*range(7))  # compact takes its declared default
+    assert a.topk_indices == 0 and a.topk_lens == 6 and a.compact is False
+    assert tuple(a) == (*range(7), False)
+    assert s.bind(*range(7), compact=True).compact is True
+    with pytest.raises(TypeError):
+        s.bind(*range(3))

@@ -27,6 +27,8 @@ import ctypes
 
 import torch
 
+from dsv41.core.op_specs import spec
+
 from . import bounds
 from ._build import build_error as _build_error
 from ._build import load
@@ -213,59 +215,48 @@ def combine_topk_swa_indices(
 # ============================================================================ C §7
 
 
-def build_flashinfer_mixed_sparse_indices(
-    decode_swa_indices, decode_compressed_indices, decode_compressed_topk_lens, prefill_topk_indices,
-    query_start_loc, seq_lens, token_to_req_indices, swa_block_table, swa_block_size,
-    compressed_block_table, compressed_block_size, window_size, compress_ratio, topk,
-    decode_compressed_indices_are_local, decode_is_valid_token, swa_block_span, compressed_block_span,
-    replay_start, sparse_indices, sparse_topk_lens,
-) -> None:
-    D, W_swa = decode_swa_indices.shape
-    P, K_pre = prefill_topk_indices.shape
+def build_flashinfer_mixed_sparse_indices(*args, **kwargs) -> None:
+    # 21 kernel arguments: bound by the op's declaration rather than listed a second time
+    a = _FLASHINFER.bind(*args, **kwargs)
+    dsi, pti = a.decode_swa_indices, a.prefill_topk_indices
+    D, W_swa = dsi.shape
+    P, K_pre = pti.shape
     if D + P == 0:
         return None
-    ints = [decode_swa_indices, decode_compressed_indices, decode_compressed_topk_lens, prefill_topk_indices,
-            query_start_loc, seq_lens, token_to_req_indices, swa_block_table, compressed_block_table,
-            replay_start, sparse_indices, sparse_topk_lens]
+    dci, dcl, dvt = a.decode_compressed_indices, a.decode_compressed_topk_lens, a.decode_is_valid_token
+    qsl, seq, t2r, rs = a.query_start_loc, a.seq_lens, a.token_to_req_indices, a.replay_start
+    swa, comp, out, lens = a.swa_block_table, a.compressed_block_table, a.sparse_indices, a.sparse_topk_lens
     if (
-        any(t is not None and t.dtype != _I32 for t in ints)
-        or (decode_is_valid_token is not None and decode_is_valid_token.dtype != torch.bool)
-        or not _rows_ok(decode_swa_indices, decode_compressed_indices, prefill_topk_indices, sparse_indices)
+        any(t is not None and t.dtype != _I32 for t in (dsi, dci, dcl, pti, qsl, seq, t2r, swa, comp, rs, out, lens))
+        or (dvt is not None and dvt.dtype != torch.bool)
+        or not _rows_ok(dsi, dci, pti, out)
     ):
-        return _reference("sparse_indices", "build_flashinfer_mixed_sparse_indices")(
-            decode_swa_indices, decode_compressed_indices, decode_compressed_topk_lens, prefill_topk_indices,
-            query_start_loc, seq_lens, token_to_req_indices, swa_block_table, swa_block_size,
-            compressed_block_table, compressed_block_size, window_size, compress_ratio, topk,
-            decode_compressed_indices_are_local, decode_is_valid_token, swa_block_span, compressed_block_span,
-            replay_start, sparse_indices, sparse_topk_lens,
-        )
-    dci = decode_compressed_indices
+        return _reference("sparse_indices", "build_flashinfer_mixed_sparse_indices")(*a)
     k_dec = 0 if dci is None else dci.shape[1]
-    dcl = decode_compressed_topk_lens
-    dvt = decode_is_valid_token
     _fn("dsv41_build_flashinfer_mixed_sparse_indices")(
-        _ptr(decode_swa_indices), D, W_swa, decode_swa_indices.stride(0),
+        _ptr(dsi), D, W_swa, dsi.stride(0),
         _ptr(dci), k_dec, dci.stride(0) if dci is not None else 0,
         _ptr(dcl), _s0(dcl) if dcl is not None else 0,
-        _ptr(prefill_topk_indices), P, K_pre, prefill_topk_indices.stride(0),
-        _ptr(query_start_loc), query_start_loc.shape[0], _s0(query_start_loc),
-        _ptr(seq_lens), seq_lens.shape[0], _s0(seq_lens),
-        _ptr(token_to_req_indices), _s0(token_to_req_indices),
-        _ptr(swa_block_table), swa_block_table.shape[0], swa_block_table.shape[1], swa_block_table.stride(0),
-        swa_block_table.stride(1),
-        int(swa_block_size),
-        _ptr(compressed_block_table), compressed_block_table.shape[0], compressed_block_table.shape[1],
-        compressed_block_table.stride(0), compressed_block_table.stride(1),
-        int(compressed_block_size),
-        int(window_size), int(compress_ratio), int(topk),
-        int(bool(decode_compressed_indices_are_local)),
+        _ptr(pti), P, K_pre, pti.stride(0),
+        _ptr(qsl), qsl.shape[0], _s0(qsl),
+        _ptr(seq), seq.shape[0], _s0(seq),
+        _ptr(t2r), _s0(t2r),
+        _ptr(swa), swa.shape[0], swa.shape[1], swa.stride(0), swa.stride(1),
+        int(a.swa_block_size),
+        _ptr(comp), comp.shape[0], comp.shape[1], comp.stride(0), comp.stride(1),
+        int(a.compressed_block_size),
+        int(a.window_size), int(a.compress_ratio), int(a.topk),
+        int(bool(a.decode_compressed_indices_are_local)),
         _ptr(dvt), _s0(dvt) if dvt is not None else 0,
-        int(swa_block_span), int(compressed_block_span),
-        _ptr(replay_start), replay_start.shape[0], _s0(replay_start),
-        _ptr(sparse_indices), sparse_indices.shape[1], sparse_indices.stride(0),
-        _ptr(sparse_topk_lens), _s0(sparse_topk_lens),
+        int(a.swa_block_span), int(a.compressed_block_span),
+        _ptr(rs), rs.shape[0], _s0(rs),
+        _ptr(out), out.shape[1], out.stride(0),
+        _ptr(lens), _s0(lens),
     )
     return None
+
+
+_FLASHINFER = spec("build_flashinfer_mixed_sparse_indices")
 
 
 # ============================================================================ C §8.1

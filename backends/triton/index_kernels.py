@@ -29,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from dsv41.core.op_specs import spec
+
 from . import launch, tuning
 from .reductions import _rcumsum, _rsum
 
@@ -427,31 +429,30 @@ def _flashinfer_mixed_kernel(
         tl.store(lens_ptr + n64 * s_lens, W_swa + k_len, mask=nmask)
 
 
-def build_flashinfer_mixed_sparse_indices(
-    decode_swa_indices, decode_compressed_indices, decode_compressed_topk_lens,
-    prefill_topk_indices, query_start_loc, seq_lens, token_to_req_indices,
-    swa_block_table, swa_block_size, compressed_block_table, compressed_block_size,
-    window_size, compress_ratio, topk, decode_compressed_indices_are_local,
-    decode_is_valid_token, swa_block_span, compressed_block_span, replay_start,
-    sparse_indices, sparse_topk_lens,
-):
-    """§7: FlashInfer sparse-MLA rows, D decode rows then P prefill rows (one launch)."""
+def build_flashinfer_mixed_sparse_indices(*args, **kwargs):
+    """§7: FlashInfer sparse-MLA rows, D decode rows then P prefill rows (one launch).
+    Its 21 kernel arguments are bound by the op's declaration (dsv41.core.op_specs)."""
+    a = _FLASHINFER.bind(*args, **kwargs)
+    decode_swa_indices, prefill_topk_indices = a.decode_swa_indices, a.prefill_topk_indices
+    sparse_indices, sparse_topk_lens = a.sparse_indices, a.sparse_topk_lens
     D, W_swa = decode_swa_indices.shape
     P = prefill_topk_indices.shape[0]
     if D + P == 0:
         return None
     PT = sparse_indices.shape[1] - W_swa  # padded_topk
-    has_dci = decode_compressed_indices is not None
-    K_dec = decode_compressed_indices.shape[1] if has_dci else 0
-    is_local = bool(decode_compressed_indices_are_local) and K_dec > 0
-    has_dlens = decode_compressed_topk_lens is not None
-    has_dvalid = decode_is_valid_token is not None
+    has_dci = a.decode_compressed_indices is not None
+    K_dec = a.decode_compressed_indices.shape[1] if has_dci else 0
+    is_local = bool(a.decode_compressed_indices_are_local) and K_dec > 0
+    has_dlens = a.decode_compressed_topk_lens is not None
+    has_dvalid = a.decode_is_valid_token is not None
     dummy = sparse_topk_lens
-    dci = decode_compressed_indices if has_dci else sparse_indices
-    dlens = decode_compressed_topk_lens if has_dlens else dummy
-    dvalid = decode_is_valid_token if has_dvalid else dummy
+    dci = a.decode_compressed_indices if has_dci else sparse_indices
+    dlens = a.decode_compressed_topk_lens if has_dlens else dummy
+    dvalid = a.decode_is_valid_token if has_dvalid else dummy
     if dvalid.dtype == torch.bool:
         dvalid = dvalid.view(torch.uint8)
+    qsl, seq, t2r, rs = a.query_start_loc, a.seq_lens, a.token_to_req_indices, a.replay_start
+    swa, comp = a.swa_block_table, a.compressed_block_table
 
     block_r, block_c, warps = _row_shape("build_flashinfer_mixed_sparse_indices", D + P,
                                          max(W_swa, PT, 1))
@@ -465,21 +466,23 @@ def build_flashinfer_mixed_sparse_indices(
         dvalid, dvalid.stride(0),
         prefill_topk_indices, prefill_topk_indices.stride(0), prefill_topk_indices.stride(1),
         prefill_topk_indices.shape[1],
-        query_start_loc, query_start_loc.stride(0),
-        seq_lens, seq_lens.stride(0), seq_lens.shape[0],
-        token_to_req_indices, token_to_req_indices.stride(0),
-        swa_block_table, *_table_strides(swa_block_table), swa_block_size, swa_block_span,
-        compressed_block_table, *_table_strides(compressed_block_table),
-        compressed_block_size, compressed_block_span,
-        replay_start, replay_start.stride(0), replay_start.shape[0],
+        qsl, qsl.stride(0),
+        seq, seq.stride(0), seq.shape[0],
+        t2r, t2r.stride(0),
+        swa, *_table_strides(swa), a.swa_block_size, a.swa_block_span,
+        comp, *_table_strides(comp), a.compressed_block_size, a.compressed_block_span,
+        rs, rs.stride(0), rs.shape[0],
         sparse_indices, sparse_indices.stride(0), sparse_indices.stride(1),
         sparse_topk_lens, sparse_topk_lens.stride(0),
         D, P, W_swa, PT, n_dec_tiles,
-        window_size, compress_ratio, topk,
+        a.window_size, a.compress_ratio, a.topk,
         HAS_DCI=has_dci, HAS_DLENS=has_dlens, HAS_DVALID=has_dvalid, IS_LOCAL=is_local,
         BLOCK_R=block_r, BLOCK_C=block_c, PDL=pdl, num_warps=warps, **launch.pdl_kwargs(pdl),
     )
     return None
+
+
+_FLASHINFER = spec("build_flashinfer_mixed_sparse_indices")
 
 
 # ------------------------------------------------------------------------------ AOT

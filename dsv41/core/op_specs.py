@@ -18,6 +18,7 @@ end in one call of the op with kernel-contract arguments.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import re
@@ -71,6 +72,16 @@ class OpSpec:
     def writes(self) -> tuple:
         """Positions of the arguments the kernel writes."""
         return tuple(self.arg_names.index(n) for n in self.mutated)
+
+    @functools.cached_property
+    def _bound(self):
+        defaults = [a.default_value for a in self._args if a.has_default_value()]
+        return collections.namedtuple(self.name, self.arg_names, defaults=defaults or None)
+
+    def bind(self, *args, **kwargs):
+        """The kernel arguments by name (a named tuple in the declared order, defaults filled):
+        for a kernel whose parameter list would otherwise repeat the declaration's."""
+        return self._bound(*args, **kwargs)
 
     def position(self, name: str) -> int:
         """Position of the kernel argument ``name``."""
