@@ -368,7 +368,7 @@ def test_flashinfer_worked_example_and_empty():
 
 def _probe(x_ptr, out_ptr, n, HELPER: tl.constexpr, A: tl.constexpr, B: tl.constexpr,
            C: tl.constexpr, BLOCK: tl.constexpr):
-    """One program applying a helper of rope_kernels elementwise (interpreted below)."""
+    """One program applying a number helper (backends/triton/numerics.py) elementwise."""
     i = tl.arange(0, BLOCK)
     m = i < n
     x = tl.load(x_ptr + i, mask=m, other=1.0)
@@ -387,7 +387,7 @@ def _run_probe(helper_name, x, out_dtype, A=None, B=None, C=None):
     from triton.runtime.interpreter import InterpretedFunction
 
     out = torch.empty(x.shape, dtype=out_dtype)
-    InterpretedFunction(_probe)[(1,)](x, out, x.numel(), HELPER=getattr(rope(), helper_name),
+    InterpretedFunction(_probe)[(1,)](x, out, x.numel(), HELPER=getattr(_module("numerics"), helper_name),
                                       A=A, B=B, C=C, BLOCK=triton.next_power_of_2(x.numel()))
     return out
 
@@ -438,18 +438,29 @@ def test_e2m1_and_bf16_integer_encoders():
     ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 7.0, 0.0, 1e-30])
     bits = ties.view(I32)
     x = torch.cat([torch.stack([bits - 1, bits, bits + 1]).flatten().view(F32), torch.randn(5000) * 3])
-    x = torch.cat([x, -x, torch.tensor([float("inf"), -float("inf"), float("nan")])])
-    got = _run_probe("_e2m1_code", x, I32)
-    assert torch.equal(got, codecs.e2m1_encode(x).to(I32))
+    x = torch.cat([x, -x, torch.tensor([float("inf"), -float("inf"), float("nan"), -float("nan")])])
+    for helper in ("_e2m1_code_search", "_e2m1_code"):  # the two forms: same codes, NaN included
+        got = _run_probe(helper, x, I32)
+        assert torch.equal(got, codecs.e2m1_encode(x).to(I32)), helper
 
     gen = torch.Generator().manual_seed(5)
     r = torch.randint(-(2**31), 2**31 - 1, (50000,), generator=gen, dtype=I32).view(F32)
     tie = (torch.randint(0, 2**16, (5000,), generator=gen, dtype=I32) << 16 | 0x8000).view(F32)
     x = torch.cat([r, tie, torch.tensor([3.4e38, 3.3961e38, -3.39e38, float("inf"), float("nan")])])
-    got = _run_probe("_bf16_bits", x, I32, A=False)
     want = x.to(BF16).view(torch.int16).to(I32) & 0xFFFF
     want = torch.where(torch.isnan(x), 0x7FFF, want)
+    got = _run_probe("_bf16_bits_i32", x, I32, A=False)
     assert torch.equal(got & 0xFFFF, want)
+    got = _run_probe("_bf16_bits", x, torch.int16, A=True)  # the cache kernels' int16 form
+    assert torch.equal(got.to(I32) & 0xFFFF, want)
+
+
+def test_both_sign_flips_agree_off_nan():
+    x = torch.cat([torch.tensor([0.0, -0.0, 1.5, -2.0**-149, float("inf"), -float("inf"), 3.4e38]),
+                   torch.randn(1000)])
+    for helper in ("_neg", "_neg_sign_bit"):
+        got = _run_probe(helper, x, F32)
+        assert torch.equal(got.view(I32), (-x).view(I32)), helper
 
 
 def test_ceil_exp_log_matches_fp32_log2_ceiling():

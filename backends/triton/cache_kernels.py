@@ -60,6 +60,24 @@ from dsv41.core.formats import RECORDS
 
 from . import conversions, launch, tuning
 from .aot import AotSpec, register
+from .numerics import (  # noqa: F401  (the kernels below call them; tests reach some here)
+    _neg,
+    _ceil_log2,
+    _exp2i,
+    _clamp_sym,
+    _e4m3_encode,
+    _e4m3_decode,
+    _bf16_bits,
+    _bf16_round,
+    _e4m3x2,
+    _bf16x2,
+    _bf16_word,
+    _e2m1_code,
+    _e2m1_half,
+    _nan_abs,
+    _ue8m0_scale,
+    _ue8m0_apply,
+)
 
 __all__ = [
     "CONFIG",
@@ -146,222 +164,6 @@ def _maxnreg(t: torch.Tensor, regs) -> dict:
 
 def _exact_log2() -> bool:
     return bool(CONFIG["exact_log2"])
-
-
-# --------------------------------------------------------------------------------------
-# Number helpers (@triton.jit, inlined)
-# --------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _neg(x):
-    """Exact sign flip (-0 <-> +0); unary minus would compile to 0 - x."""
-    return x * -1.0
-
-
-@triton.jit
-def _ceil_log2(r, EXACT: tl.constexpr):
-    """``ceil(fl32(log2 r))`` as fp32 for normal r > 0 or +inf (-> +inf)."""
-    if EXACT:
-        bits = r.to(tl.int32, bitcast=True)
-        ex = (bits >> 23) & 0xFF
-        man = bits & 0x7FFFFF
-        k = ex - 127
-        ak = tl.where(k < 0, 0 - k, k)
-        # fl32(k + log2(1 + j 2^-23)) == k  <=>  j <= floor((2^h - 1) 2^23), h = half an
-        # ulp of |k| = 2^(m-24) for 2^m <= |k| < 2^(m+1) (a quarter ulp, i.e. m - 1, below a
-        # power of two for negative k = -2^m).  For |k| <= 127 that bound is exactly
-        # floor(ln2 * 2^(m-1)) (0, 0, 1, 2, 5, 11, 22 for m = 0..6): m comes from the exponent
-        # bits of float(|k|), 2^(m-1) is built from bits, one multiply and a truncation.
-        akb = ak.to(tl.float32).to(tl.int32, bitcast=True)
-        eb = (akb >> 23) - ((k < 0) & ((akb & 0x7FFFFF) == 0)).to(tl.int32)  # 127 + m (0 for k = 0)
-        half = (tl.maximum(eb - 1, 0) << 23).to(tl.float32, bitcast=True)  # 2^(m-1) (tiny -> 0)
-        thr = (half * 0.6931471805599453).to(tl.int32)
-        e = (k + (man > thr).to(tl.int32)).to(tl.float32)
-        return tl.where(ex == 255, r, e)
-    else:
-        return tl.ceil(tl.log2(r))
-
-
-@triton.jit
-def _exp2i(e):
-    """2^e for integer-valued fp32 e (ex2.approx.ftz semantics): e <= -127 -> 0, e >= 128 -> inf."""
-    ec = tl.minimum(tl.maximum(e, -127.0), 128.0)
-    return ((ec.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _clamp_sym(x, M: tl.constexpr):
-    """sign(x) * min(|x|, M); NaN -> +-M by its sign bit (PTX min.xorsign.abs)."""
-    mag = tl.where(x != x, M, tl.minimum(tl.abs(x), M))
-    sign = (x.to(tl.int32, bitcast=True) >> 31) << 31
-    return (mag.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _e4m3_encode(x, FNUZ: tl.constexpr, SOFT: tl.constexpr):
-    """fp32 (finite, |x| <= 448 / 240) -> e4m3 byte, RNE; FNUZ has no -0."""
-    if FNUZ or SOFT:
-        bits = x.to(tl.int32, bitcast=True)
-        sign = (bits >> 24) & 0x80
-        a = bits & 0x7FFFFFFF
-        af = a.to(tl.float32, bitcast=True)
-        if FNUZ:
-            # bias 8, smallest normal 2^-7, subnormal step 2^-10 (magic 2^13), max 240
-            rn = a + 0x7FFFF + ((a >> 20) & 1)
-            cn = (rn >> 20) - 952
-            cs = (af + 8192.0).to(tl.int32, bitcast=True) - 0x46000000
-            c = tl.where(a < 0x3C000000, cs, cn)
-            c = tl.minimum(c, 0x7F)
-            sign = tl.where(c == 0, 0, sign)
-        else:
-            # bias 7, smallest normal 2^-6, subnormal step 2^-9 (magic 2^14), max 448
-            rn = a + 0x7FFFF + ((a >> 20) & 1)
-            cn = (rn >> 20) - 960
-            cs = (af + 16384.0).to(tl.int32, bitcast=True) - 0x46800000
-            c = tl.where(a < 0x3C800000, cs, cn)
-            c = tl.minimum(c, 0x7E)
-        return (c | sign).to(tl.uint8)
-    else:
-        return x.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-
-
-@triton.jit
-def _e4m3_decode(b, FNUZ: tl.constexpr, SOFT: tl.constexpr):
-    """e4m3 byte (any int type) -> exact fp32; NaN bytes -> NaN."""
-    if FNUZ or SOFT:
-        bi = b.to(tl.int32) & 0xFF
-        ex = (bi >> 3) & 0xF
-        mb = bi & 7
-        if FNUZ:
-            sub = (mb.to(tl.float32) * 0.0009765625).to(tl.int32, bitcast=True)
-            nrm = ((ex + 119) << 23) | (mb << 20)
-            nan = bi == 0x80
-        else:
-            sub = (mb.to(tl.float32) * 0.001953125).to(tl.int32, bitcast=True)
-            nrm = ((ex + 120) << 23) | (mb << 20)
-            nan = (bi & 0x7F) == 0x7F
-        v = tl.where(ex == 0, sub, nrm) | ((bi & 0x80) << 24)
-        v = tl.where(nan, 0x7FC00000, v)
-        return v.to(tl.float32, bitcast=True)
-    else:
-        return b.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
-
-
-@triton.jit
-def _bf16_bits(x, SOFT: tl.constexpr):
-    """fp32 -> bf16 bits (int16), RNE; every NaN -> 0x7FFF (the GPU's canonical NaN)."""
-    if SOFT:
-        bits = x.to(tl.int32, bitcast=True)
-        r = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-        r = tl.where(x != x, 0x7FFF, r)
-        return r.to(tl.int16)
-    else:
-        # cvt.rn.bf16.f32 already writes every NaN as the canonical 0x7FFF
-        return x.to(tl.bfloat16).to(tl.int16, bitcast=True)
-
-
-@triton.jit
-def _bf16_round(x, SOFT: tl.constexpr):
-    """fp32 -> bf16 (RNE) -> fp32."""
-    b = _bf16_bits(x, SOFT).to(tl.int32) << 16
-    return b.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _e4m3x2(lo, hi):
-    """e4m3(lo) | e4m3(hi) << 8 as int16, both by one ``cvt.rn.satfinite.e4m3x2.f32`` (which
-    puts its first source in the upper byte).  NVIDIA only (sm_89+); NaN gives 0x7F, so
-    callers clamp NaN away first.  Pairs from two tensors would otherwise be converted two
-    by two *within* each tensor and then re-packed byte by byte."""
-    return tl.inline_asm_elementwise("cvt.rn.satfinite.e4m3x2.f32 $0, $2, $1;", "=h,f,f",
-                                     [lo, hi], dtype=tl.int16, is_pure=True, pack=1)
-
-
-@triton.jit
-def _bf16x2(lo, hi):
-    """bf16(lo) | bf16(hi) << 16 as int32 (RNE, NaN -> 0x7FFF) by one ``cvt.rn.bf16x2.f32``."""
-    return tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f",
-                                     [lo, hi], dtype=tl.int32, is_pure=True, pack=1)
-
-
-@triton.jit
-def _bf16_word(lo, hi, SOFT: tl.constexpr, PTX: tl.constexpr):
-    """The bf16 pair (lo, hi) as one little-endian int32 word."""
-    if PTX:
-        return _bf16x2(lo, hi)
-    else:
-        return (_bf16_bits(lo, SOFT).to(tl.int32) & 0xFFFF) | (_bf16_bits(hi, SOFT).to(tl.int32) << 16)
-
-
-@triton.jit
-def _e2m1_code(x):
-    """fp32 -> e2m1 code (int32 0..15): RNE on codes, |x| > 6 -> 6, sign bit kept, NaN -> 0.
-
-    e2m1 is a float with 2 exponent bits (bias 1) and 1 mantissa bit: normal |x| >= 1 round
-    the fp32 mantissa to 1 bit (RNE) and rebias, subnormal |x| < 1 round on the 0.5 grid by
-    adding 2^22 (exactly the thresholds 0.25/0.75/1.25/1.75/2.5/3.5/5 with ties to even).
-    """
-    bits = x.to(tl.int32, bitcast=True)
-    a = bits & 0x7FFFFFFF
-    af = a.to(tl.float32, bitcast=True)
-    rn = a + 0x1FFFFF + ((a >> 22) & 1)
-    cn = (rn >> 22) - 252
-    cs = (af + 4194304.0).to(tl.int32, bitcast=True) - 0x4A800000
-    c = tl.minimum(tl.where(a < 0x3F800000, cs, cn), 7)
-    c = tl.where(a > 0x7F800000, 0, c)
-    return c | ((bits >> 28) & 8)
-
-
-@triton.jit
-def _e2m1_half(b):
-    """The e2m1 nibble in bits 0-3 of ``b`` as fp32 times 2^-14, exactly: its three magnitude
-    bits placed at an fp16's bits 11-9 (exponent 1..3 -> 2^-14..2^-12 times 1.m, code 1 the
-    fp16 subnormal 2^-15), the sign at bit 15 only for a non-zero magnitude (finding 1:
-    code 8 decodes to +0), then the exact fp16 -> fp32 conversion.  A few integer operations
-    instead of a select chain per code; times ``S * 2^14`` it is the decoded value."""
-    mag = (b << 9) & 0x0E00
-    sgn = (b << 12) & 0x8000
-    h = mag | (sgn & (mag + 0x7E00))  # bit 15 of mag + 0x7E00 is set iff mag != 0
-    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
-def _nan_abs(x, SOFT: tl.constexpr):
-    """|x| for a NaN-ignoring amax.  On NVIDIA (native conversions) the max reductions
-    compile to ``max.f32``/FMNMX, which already drop a NaN operand (IEEE maxNum; an all-NaN
-    group gives NaN, which every caller's floor ``maximum(amax, c)`` turns into c, as for 0),
-    so |x| is enough; elsewhere NaN -> 0 explicitly."""
-    if SOFT:
-        return tl.where(x != x, 0.0, tl.abs(x))
-    else:
-        return tl.abs(x)
-
-
-@triton.jit
-def _ue8m0_scale(amax, FP8_MAX: tl.constexpr, EXACT_LOG2: tl.constexpr, SANITIZE: tl.constexpr):
-    """amax (NaN-ignored) -> (multiplier 2^-e, code int32) (spec cache_ops §2.1 steps 1-3, 5)."""
-    a = tl.maximum(amax, 1e-4)
-    r = a * (1.0 / FP8_MAX)
-    e = _ceil_log2(r, EXACT_LOG2)
-    if SANITIZE:
-        code = tl.minimum(tl.maximum(e + 127.0, 0.0), 254.0)
-    else:
-        code = tl.minimum(tl.maximum(e + 127.0, 0.0), 255.0)
-    return _exp2i(_neg(e)), code.to(tl.int32)
-
-
-@triton.jit
-def _ue8m0_apply(x, mult, FP8_MAX: tl.constexpr, FNUZ: tl.constexpr, SOFT: tl.constexpr):
-    """x * 2^-e, computed NaN -> +FP8_MAX (finding 3), symmetric clamp, e4m3 byte."""
-    y = x * mult
-    if FNUZ or SOFT:
-        y = tl.where(y != y, FP8_MAX, tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX))
-    else:
-        # the native cast (cvt.rn.satfinite) saturates |y| > 448 and -inf to -448 itself;
-        # min.f32 returns the non-NaN operand, so this one min is the NaN -> +448 rule
-        y = tl.minimum(y, FP8_MAX)
-    return _e4m3_encode(y, FNUZ, SOFT)
 
 
 @triton.jit

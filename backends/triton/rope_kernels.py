@@ -36,6 +36,18 @@ import triton.language as tl
 
 from . import conversions, launch, tuning
 from .reductions import _rmax, _rsum
+from .numerics import (  # noqa: F401
+    _neg_sign_bit,
+    _rn_bf16,
+    _bf16_bits_i32,
+    _e4m3_code,
+    _ceil_exp_bits,
+    _e2m1_code_search,
+    _e2m1x2_bf16,
+    _ceil_exp_log,
+    _pow2_of,
+    _inv_pow2_of,
+)
 
 __all__ = [
     "fused_indexer_q_rope_quant",
@@ -88,169 +100,6 @@ def _pow2(n: int) -> int:
     return launch.pow2(n)
 
 
-# ============================================================================ helpers
-
-
-@triton.jit
-def _neg(x):
-    """IEEE negation (sign-bit flip; -(+0) = -0).  Triton lowers unary minus to ``0 - x``
-    on some versions (3.6), which turns -(+0) into +0: the RoPE zero signs of §1.2 need the
-    true negation that upstream's contracted ``a*b - c*d`` applies."""
-    return (x.to(tl.uint32, bitcast=True) ^ 0x80000000).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _rn_bf16(x, CVT_HW: tl.constexpr):
-    """fp32 -> bf16 (round to nearest even) -> fp32 (the bf16 round trip, §1.4)."""
-    if CVT_HW:
-        y = x.to(tl.bfloat16).to(tl.float32)
-    else:
-        u = x.to(tl.uint32, bitcast=True)
-        r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
-        y = tl.where(x != x, x, r.to(tl.float32, bitcast=True))
-    return y
-
-
-@triton.jit
-def _bf16_bits(x, CVT_HW: tl.constexpr):
-    """fp32 -> bf16 bits as int32 (RNE); every NaN -> 0x7FFF (the GPU's canonical NaN, F3)."""
-    if CVT_HW:
-        # cvt.rn.bf16.f32 already writes every NaN as 0x7FFF
-        return x.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
-    else:
-        u = x.to(tl.uint32, bitcast=True)
-        b = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).to(tl.int32)
-        return tl.where(x != x, 0x7FFF, b)
-
-
-@triton.jit
-def _e4m3_code(x, FNUZ: tl.constexpr, CVT_HW: tl.constexpr, NAN_CODE: tl.constexpr):
-    """fp32 -> e4m3 byte (int32 0..255), round to nearest even, saturating.
-
-    OCP e4m3fn: |x| > 448 and ±inf -> ±448 (``cvt.rn.satfinite``), NaN -> ``NAN_CODE``
-    (0x7F as the convert writes it, or 0x7E = +448 where the op clamps NaN to +448 first).
-    FNUZ e4m3fnuz: |x| > 240 -> ±240, NaN -> 0x80, zero (and anything rounding to it) ->
-    0x00.  Same bytes as ``codecs.e4m3_encode`` (after ``clamp_sym`` for NAN_CODE 0x7E).
-    """
-    if CVT_HW and not FNUZ:
-        code = x.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
-        code = tl.where(x != x, NAN_CODE, code)
-    else:
-        BIAS: tl.constexpr = 8 if FNUZ else 7
-        MAX_BITS: tl.constexpr = 0x43700000 if FNUZ else 0x43E00000  # 240.0 / 448.0
-        MIN_NORMAL_BITS: tl.constexpr = (128 - BIAS) << 23
-        SUB_SCALE: tl.constexpr = 2.0 ** (BIAS + 2)  # subnormal step 2^-(BIAS+2) -> 1
-        u = x.to(tl.uint32, bitcast=True)
-        sign = (u >> 31).to(tl.int32)
-        a = (u & 0x7FFFFFFF).to(tl.int32)
-        nan = a > 0x7F800000
-        a = tl.minimum(a, MAX_BITS)  # saturate (±inf included)
-        # normal range: round the fp32 mantissa to 3 bits (RNE) and rebias the exponent
-        normal = ((a + 0x7FFFF + ((a >> 20) & 1)) >> 20) - ((127 - BIAS) << 3)
-        # subnormal range: RNE(|x| / 2^-(BIAS+2)) with the fp32 2^23 rounding trick
-        af = a.to(tl.float32, bitcast=True)
-        sub = (af * SUB_SCALE + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
-        code = tl.where(a < MIN_NORMAL_BITS, sub, normal)
-        if FNUZ:
-            code = tl.where(code == 0, 0, code | (sign << 7))
-            code = tl.where(nan, 0x80, code)
-        else:
-            code = tl.where(nan, NAN_CODE, code | (sign << 7))
-    return code
-
-
-@triton.jit
-def _ceil_exp_bits(s):
-    """Exact ``ceil(log2 s)`` for fp32 s > 0 normal or +inf (-> 128), from the bits ("(B)").
-    Equal to the fp32-log2 ceiling "(L)" for every s = amax·RN32(1/M) with a bf16-valued
-    amax (or the 1e-4 / 6·2^-126 floors) and M in {448, 224, 6} (checked exhaustively in
-    the tests), which is all the indexer Q needs."""
-    b = s.to(tl.int32, bitcast=True)
-    return ((b >> 23) & 0xFF) - 127 + ((b & 0x7FFFFF) != 0).to(tl.int32)
-
-
-@triton.jit
-def _e2m1_code(x):
-    """fp32 -> e2m1 code 0..15 (RNE on codes, |x| > 6 -> 6, sign bit kept; §1.7)."""
-    # the code counts the thresholds passed (0.25 >, 0.75 >=, 1.25 >, 1.75 >=, 2.5 >, 3.5 >=,
-    # 5 >); they pass monotonically, so a 3-step binary search finds it (NaN passes none)
-    a = tl.abs(x)
-    hi = a >= 1.75
-    mid = a >= tl.where(hi, 3.5, 0.75)
-    lo = a > tl.where(hi, tl.where(mid, 5.0, 2.5), tl.where(mid, 1.25, 0.25))
-    code = hi.to(tl.int32) * 4 + mid.to(tl.int32) * 2 + lo.to(tl.int32)
-    sign = (x.to(tl.uint32, bitcast=True) >> 31).to(tl.int32)
-    return code | (sign << 3)
-
-
-@triton.jit
-def _e2m1x2_bf16(lo, hi):
-    """``_e2m1_code(lo) | _e2m1_code(hi) << 4`` for bf16-valued fp32 (lo, hi), as int32.
-
-    NVIDIA PTX: the pair is packed as bf16x2 (exact: both are bf16 values) and the same
-    three-compare binary search as ``_e2m1_code`` runs on both halves at once with the
-    bf16x2 ``set`` compares (each half 0xFFFF / 0) and ``lop3`` selects of the packed
-    thresholds, about half the instructions per element.  NaN passes no compare (code 0,
-    and the bf16x2 convert makes every NaN positive, as the fp32 path sees it on NVIDIA)."""
-    return tl.inline_asm_elementwise(
-        """
-        {
-        .reg .b32 w, a, h, t, m, u, v, l, c;
-        cvt.rn.bf16x2.f32 w, $2, $1;
-        and.b32 a, w, 0x7FFF7FFF;
-        mov.b32 t, 0x3FE03FE0;
-        set.ge.u32.bf16x2 h, a, t;
-        lop3.b32 t, h, 0x40604060, 0x3F403F40, 0xCA;
-        set.ge.u32.bf16x2 m, a, t;
-        lop3.b32 u, m, 0x40A040A0, 0x40204020, 0xCA;
-        lop3.b32 v, m, 0x3FA03FA0, 0x3E803E80, 0xCA;
-        lop3.b32 t, h, u, v, 0xCA;
-        set.gt.u32.bf16x2 l, a, t;
-        and.b32 c, h, 0x00040004;
-        lop3.b32 c, m, 0x00020002, c, 0xEA;
-        lop3.b32 c, l, 0x00010001, c, 0xEA;
-        shr.b32 u, w, 12;
-        lop3.b32 c, u, 0x00080008, c, 0xEA;
-        shr.b32 u, c, 12;
-        or.b32 c, c, u;
-        and.b32 $0, c, 0xFF;
-        }
-        """,
-        "=r,f,f", [lo, hi], dtype=tl.int32, is_pure=True, pack=1)
-
-
-@triton.jit
-def _ceil_exp_log(s):
-    """``ceil(RN32(log2 s))`` for fp32 s > 0 (normal) or +inf (-> 128), from the bits.
-
-    For s = 2^k (1 + m 2^-23), m > 0, the exact log2 lies in (k, k+1); its fp32 rounding
-    falls back onto k iff log2(1 + m 2^-23) is below half an ulp of k (on the side towards
-    zero for k < 0), i.e. iff m <= thr(n) with n = k (k > 0) or |k| - 1 (k < 0) and
-    thr = floor(ln2 2^(floor(log2 n) - 1)) = 1, 2, 5, 11, 22, 44 for n in [4, 8), [8, 16),
-    ..., [128, 256) (0 below 4).  No tie can occur (the log is irrational).
-    """
-    b = s.to(tl.int32, bitcast=True)
-    k = ((b >> 23) & 0xFF) - 127
-    m = b & 0x7FFFFF
-    n = tl.where(k > 0, k, -k - 1)
-    thr = tl.where(n >= 128, 44, tl.where(n >= 64, 22, tl.where(n >= 32, 11, tl.where(
-        n >= 16, 5, tl.where(n >= 8, 2, tl.where(n >= 4, 1, 0))))))
-    return k + (m > thr).to(tl.int32)
-
-
-@triton.jit
-def _pow2_of(e):
-    """2^e as fp32 for integer e in [-126, 128] (128 -> +inf)."""
-    return ((e + 127) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _inv_pow2_of(e):
-    """2^-e as fp32 for integer e in [-126, 128]; 0 for e >= 127 (``exp2i`` flush)."""
-    bits = tl.where(e >= 127, 0, (127 - e) << 23)
-    return bits.to(tl.float32, bitcast=True)
-
-
 # ============================================================= §2 fused_indexer_q_rope_quant
 
 
@@ -292,7 +141,7 @@ def _mxfp4_blocks(e, o, out_ptr, orow, b_ptr, th_m, PTX: tl.constexpr,
         # and inv a power of two: the products are bf16 values too
         byte = _e2m1x2_bf16(e4 * inv, o4 * inv)
     else:
-        byte = _e2m1_code(e4 * inv) | (_e2m1_code(o4 * inv) << 4)
+        byte = _e2m1_code_search(e4 * inv) | (_e2m1_code_search(o4 * inv) << 4)
     byte = tl.reshape(byte, [BLOCK_T, BLOCK_H, NP]).to(tl.uint8)
     i = tl.arange(0, NP)[None, None, :]
     tl.store(out_ptr + orow[:, :, None] + i, byte, mask=th_m[:, :, None] & (i < NLIM))
@@ -351,7 +200,7 @@ def _indexer_q_kernel(
         cs_off = pos[:, None, None] * s_cs + tl.arange(0, HALF)[None, None, :]
         c = tl.load(cs_ptr + cs_off, mask=tm[:, None, None], other=1.0).to(tl.float32)
         s = tl.load(cs_ptr + cs_off + HALF, mask=tm[:, None, None], other=0.0).to(tl.float32)
-        re2 = _rn_bf16(tl.fma(re, c, _neg(ro * s)), CVT_HW)
+        re2 = _rn_bf16(tl.fma(re, c, _neg_sign_bit(ro * s)), CVT_HW)
         ro2 = _rn_bf16(tl.fma(ro, c, re * s), CVT_HW)
         srow = (ti * s_sc0)[:, None] + (hi * s_sc1)[None, :]
         _mxfp4_blocks(ne, no, out_ptr, orow, sc_ptr + srow[:, :, None], th_m, PTX,
@@ -372,7 +221,7 @@ def _indexer_q_kernel(
         c = tl.load(cs_ptr + cs_off, mask=tm[:, None, None], other=1.0).to(tl.float32)
         s = tl.load(cs_ptr + cs_off + HALF, mask=tm[:, None, None], other=0.0).to(tl.float32)
         # §1.2 forward RoPE (canonical contraction) + the bf16 round trip
-        ne = _rn_bf16(tl.fma(e, c, _neg(o * s)), CVT_HW)
+        ne = _rn_bf16(tl.fma(e, c, _neg_sign_bit(o * s)), CVT_HW)
         no = _rn_bf16(tl.fma(o, c, e * s), CVT_HW)
         # amax: max.f32 (maxnum) drops NaN operands; an all-NaN head gives the floor
         amax = tl.maximum(_rmax(tl.abs(xn), axis=2), _rmax(tl.maximum(tl.abs(ne), tl.abs(no)), axis=2))
@@ -398,7 +247,7 @@ def _indexer_q_kernel(
         d_m = th_m[:, :, None] & (d < D)[None, None, :]
         x = tl.load(q_ptr + qrow[:, :, None] + d[None, None, :], mask=d_m, other=0.0).to(tl.float32)
         e, o = tl.split(tl.reshape(x, [BLOCK_T, BLOCK_H, BLOCK_P, 2]))
-        new_e = _rn_bf16(tl.fma(e, c, _neg(o * s)), CVT_HW)
+        new_e = _rn_bf16(tl.fma(e, c, _neg_sign_bit(o * s)), CVT_HW)
         new_o = _rn_bf16(tl.fma(o, c, e * s), CVT_HW)
         rope3 = rope[None, None, :]
         e = tl.where(rope3, new_e, e)
@@ -422,7 +271,7 @@ def _indexer_q_kernel(
             # weights_out = RN32(RN32(RN32(w·q_scale)·S)·Hs), left to right.
             wo = ((w * _pow2_of(E)) * softmax_scale) * head_scale
     if WO_BF16:
-        tl.store(wo_ptr + wo_off, _bf16_bits(wo, CVT_HW).to(tl.int16), mask=th_m)
+        tl.store(wo_ptr + wo_off, _bf16_bits_i32(wo, CVT_HW).to(tl.int16), mask=th_m)
     else:
         tl.store(wo_ptr + wo_off, wo, mask=th_m)
 
@@ -577,7 +426,7 @@ def _inv_rope_kernel(
     # §1.3 inverse RoPE on dims NOPE..DH-1; NoPE dims selected unchanged.
     rope3 = rope[None, None, :]
     e_new = tl.fma(e, c, od * s)
-    o_new = tl.fma(od, c, _neg(e * s))
+    o_new = tl.fma(od, c, _neg_sign_bit(e * s))
     e = tl.where(rope3, e_new, e)
     od = tl.where(rope3, o_new, od)
 
@@ -591,7 +440,7 @@ def _inv_rope_kernel(
 
     if not QUANT:
         # §4.6: bf16 of the rotated fp32 values, NaN -> 0x7FFF.
-        y = tl.join(_bf16_bits(e, CVT_HW), _bf16_bits(od, CVT_HW))
+        y = tl.join(_bf16_bits_i32(e, CVT_HW), _bf16_bits_i32(od, CVT_HW))
         y = tl.reshape(y, [BLOCK_T, BLOCK_H, 2 * BLOCK_P]).to(tl.int16)
         tl.store(out_ptr + row + col, y, mask=d_m)
     else:
@@ -785,7 +634,7 @@ def _kv_rows(kv_ptr, s_kv, kvw_ptr, eps, kvo_ptr, s_kvo, r, T, KS,
     y = (x * rr[:, None]) * w
     off = (r64 * s_kvo)[:, None] + col[None, :]
     if KV_BF16:
-        tl.store(kvo_ptr + off, _bf16_bits(y, CVT_HW).to(tl.int16), mask=m)
+        tl.store(kvo_ptr + off, _bf16_bits_i32(y, CVT_HW).to(tl.int16), mask=m)
     else:
         tl.store(kvo_ptr + off, y, mask=m)
 
