@@ -25,7 +25,9 @@ The tensor part is compared by ``torch.compile``'s C++ tensor guards where this 
 of the metadata.  Index *values* (slots, block tables) are never part of a layout: their checks
 (``index_checks``) run on every call.  Calls that cannot be keyed always run their checks:
 tensor subclasses (fake, functional, DTensor), unhashable values, and calls traced by
-``torch.compile``.  At most ``limit`` layouts are kept per op (the oldest is dropped).
+``torch.compile``.  What is kept is bounded: per op at most ``limit`` patterns of argument
+types, per pattern at most ``limit`` combinations of non-tensor values (the oldest dropped), each
+with its ``_PER_KEY`` most recent tensor layouts.
 """
 
 from __future__ import annotations
