@@ -82,7 +82,7 @@ def quantize_and_insert_k_cache(
     (vLLM 0.33, the default) or ``"paged"`` (vLLM's development snapshot); see
     ``dsv41.core.formats``.
     """
-    new = _accepted["insert"].new(locals())
+    new = _accepted["insert"].new()
     if new is not None:
         c = Check("quantize_and_insert_k_cache")
         c.tensor("k", k, dtype=torch.bfloat16, ndim=2)
@@ -147,7 +147,7 @@ def dequantize_and_gather_k_cache(
     launch grid and changes nothing here.  ``v41_layout`` (keyword-only) says
     where the 528 / 288 records keep their scales (``dsv41.core.formats``).
     """
-    new = _accepted["gather"].new(locals())
+    new = _accepted["gather"].new()
     if new is not None:
         c = Check("dequantize_and_gather_k_cache")
         c.tensor("out", out, dtype=torch.bfloat16, ndim=3)
@@ -230,7 +230,7 @@ def compute_global_topk_indices_and_lens(
     Padding tokens (``is_valid_token`` False) get length 0 but their row is
     still translated (and compacted).
     """
-    new = _accepted["global_topk"].new(locals())
+    new = _accepted["global_topk"].new()
     if new is not None:
         c = Check("compute_global_topk_indices_and_lens")
         c.tensor("topk_indices", topk_indices, dtype=I32, ndim=2)
@@ -274,7 +274,7 @@ def combine_topk_swa_indices(
     ``(combined_indices [T, roundup(topk + window_size, 128)], combined_lens [T])``;
     ``out`` reuses preallocated buffers of those shapes.
     """
-    new = _accepted["combine"].new(locals())
+    new = _accepted["combine"].new()
     if new is not None:
         c = Check("combine_topk_swa_indices")
         c.tensor("topk_indices", topk_indices, dtype=I32, ndim=2)
@@ -347,7 +347,7 @@ def build_flashinfer_mixed_sparse_indices(
     [D+P]``.  Rows are 16-byte aligned for FlashInfer's vectorized loads.
     ``replay_start`` lower-bounds every prefill token's SWA window.
     """
-    new = _accepted["flashinfer"].new(locals())
+    new = _accepted["flashinfer"].new()
     if new is not None:
         c = Check("build_flashinfer_mixed_sparse_indices")
         c.tensor("decode_swa_indices", decode_swa_indices, dtype=I32, ndim=2)

@@ -46,7 +46,7 @@ def indexer_k_norm_rope_store(
     aiter's preshuffle with ``mxfp4_n_per_tile`` tokens for MXFP4); by default
     it follows vLLM: on for ROCm platforms with ``block_size > 1``.
     """
-    new = _accepted["indexer_k"].new(locals())
+    new = _accepted["indexer_k"].new()
     if new is not None:
         c = Check("indexer_k_norm_rope_store")
         c.tensor("k_pre", k_pre, dtype=torch.bfloat16, ndim=2)

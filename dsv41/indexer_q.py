@@ -43,7 +43,7 @@ def fused_indexer_q_rope_quant(
     ``weights_out = weights * softmax_scale * head_scale`` in
     ``weights_out_dtype`` (fp32 or bf16).
     """
-    new = _accepted["indexer_q"].new(locals())
+    new = _accepted["indexer_q"].new()
     if new is not None:
         c = Check("fused_indexer_q_rope_quant")
         c.tensor("positions", positions, dtype=INT_INDEX, ndim=1)

@@ -46,7 +46,7 @@ def fused_inv_rope_fp8_quant(
     an empty scale tensor.  ``permuted_output`` (needs quantize,
     tma_aligned_scales and quant_group_size 32) writes FlashMLA's chunk order.
     """
-    new = _accepted["inv_rope"].new(locals())
+    new = _accepted["inv_rope"].new()
     if new is not None:
         c = Check("fused_inv_rope_fp8_quant")
         c.tensor("o", o, dtype=torch.bfloat16, ndim=3)

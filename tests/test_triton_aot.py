@@ -39,16 +39,16 @@ def _language_patched() -> bool:
     return "_patch_attr" in getattr(core.load, "__qualname__", "")
 
 
-def _compile(target: str) -> list:
+def _compile(target: str, ones: bool = False) -> list:
     if not _interpreted() and not _language_patched():
         from dsv41.backends.triton.aot import compile_all
 
-        return [tuple(r) for r in compile_all(target, jobs=JOBS)]
+        return [tuple(r) for r in compile_all(target, jobs=JOBS, ones=ones)]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = (
         "import json, sys\n"
         "from dsv41.backends.triton.aot import compile_all\n"
-        f"print(json.dumps(compile_all({target!r}, jobs={JOBS})))\n"
+        f"print(json.dumps(compile_all({target!r}, jobs={JOBS}, ones={ones!r})))\n"
     )
     proc = subprocess.run([sys.executable, *SAFE_PATH, "-c", code], env=env, capture_output=True, text=True,
                           timeout=1800)
@@ -77,6 +77,15 @@ def test_aot_builds(target):
                for n in built), target
     if target == "gfx942":
         assert any("fnuz" in n for n in built)
+
+
+def test_aot_builds_with_integer_arguments_equal_to_one():
+    """Triton's JIT passes an integer argument equal to 1 as a constexpr (a Python int in the
+    kernel body): every kernel must build that way too (a batch of one request, a ring of one
+    row, a stride of 1).  sm_90 only: the kernel bodies are the same for every target."""
+    results = _compile("sm90", ones=True)
+    failed = [(name, err) for name, _, ok, err in results if not ok]
+    assert not failed, "\n\n".join(f"{n}:\n{e}" for n, e in failed)
 
 
 def test_registry_shape():

@@ -134,9 +134,21 @@ def _compile(spec: AotSpec, target):
     return triton.compile(src, target=target, options={"num_warps": spec.num_warps})
 
 
+def as_ones(spec: AotSpec) -> AotSpec:
+    """``spec`` with every integer scalar parameter set to 1: how Triton's JIT passes an
+    integer argument equal to 1 (a constexpr, a Python int in the kernel body), so a body that
+    calls a tensor method on such a parameter fails to build here, as it would at run time."""
+    ints = {a for a, t in spec.signature.items() if t in ("i32", "i64", "u32", "u64")}
+    return dataclasses.replace(
+        spec, name=spec.name + "[ints=1]",
+        signature={a: ("constexpr" if a in ints else t) for a, t in spec.signature.items()},
+        constexprs={**spec.constexprs, **{a: 1 for a in ints}},
+        divisible=tuple(a for a in spec.divisible if a not in ints))
+
+
 def _build(job):
-    i, label = job
-    spec = AOT_SPECS[i]
+    i, label, ones = job
+    spec = as_ones(AOT_SPECS[i]) if ones else AOT_SPECS[i]
     try:
         _compile(spec, _gpu_target(label))
         return (spec.name, label, True, None)
@@ -145,12 +157,13 @@ def _build(job):
         return (spec.name, label, False, msg[-2000:])
 
 
-def compile_all(target=None, names=None, jobs: int = 1) -> list:
+def compile_all(target=None, names=None, jobs: int = 1, ones: bool = False) -> list:
     """Build every registered kernel variant; returns ``[(kernel, target, ok, error)]``.
 
     target: None (every target), a name of ``TARGETS`` (``"sm90"``, ``"sm100"``,
         ``"gfx942"``, ``"gfx950"``), a list of names, or a ``triton.backends.compiler.GPUTarget``.
     names: optional substring filter on spec names.
+    ones: build each spec with its integer scalar parameters equal to 1 (``as_ones``).
     jobs: parallel build processes (fork; 1 = in this process).
     A spec is built only for the targets it lists (a ``GPUTarget`` argument builds every
     spec whose list contains that target's name).  Import failures of kernel modules are
@@ -172,7 +185,7 @@ def compile_all(target=None, names=None, jobs: int = 1) -> list:
         for t in wanted:
             label = _target_label(_gpu_target(t))
             if label in spec.targets:
-                todo.append((i, label))
+                todo.append((i, label, ones))
     if jobs > 1 and len(todo) > 1:
         import multiprocessing
 

@@ -229,7 +229,7 @@ def _slot_page(slot_ptr, t, T, block_size, page_stride, capacity):
     tmask = t < T
     slot = tl.load(slot_ptr + t, mask=tmask, other=-1).to(tl.int64)
     # one unsigned compare: a negative slot is a huge unsigned value
-    valid = tmask & (slot.to(tl.uint64, bitcast=True) < capacity.to(tl.uint64))
+    valid = tmask & (slot.to(tl.uint64, bitcast=True) < tl.cast(capacity, tl.uint64))  # capacity may be a constexpr 1
     s = tl.where(valid, slot, 0).to(tl.int32)
     blk = s // block_size
     return valid, blk.to(tl.int64) * page_stride, s - blk * block_size
@@ -1262,9 +1262,11 @@ def _compress_norm_kernel(
 def _pair_closer(slot, pos, req, ring_slots, R):
     """CR 2: the tokens that close a pair and whose ring slot, position and request index
     are inside their tensors (0 <= slot < ring_slots, 0 <= pos < 2^31 and odd, 0 <= req < R)."""
-    s_ok = slot.to(tl.int64).to(tl.uint64, bitcast=True) < ring_slots.to(tl.uint64)
+    # tl.cast, not .to: Triton passes an integer argument equal to 1 as a constexpr (a Python
+    # int), e.g. R for a batch of one request
+    s_ok = slot.to(tl.int64).to(tl.uint64, bitcast=True) < tl.cast(ring_slots, tl.uint64)
     p_ok = pos.to(tl.int64).to(tl.uint64, bitcast=True) < 2147483648
-    r_ok = req.to(tl.int64).to(tl.uint64, bitcast=True) < R.to(tl.uint64)
+    r_ok = req.to(tl.int64).to(tl.uint64, bitcast=True) < tl.cast(R, tl.uint64)
     return s_ok & p_ok & r_ok & ((pos & 1) == 1)
 
 

@@ -6,12 +6,12 @@ all of that pass or fail the same checks, so a call whose *layout* was accepted 
 them.  A serving engine calls each op with a handful of layouts (decode batch sizes, CUDA-graph
 sizes), so the checks run a few times per layout instead of on every call.
 
-The layout is read off the function's parameters (``locals()`` as its first statement)::
+The layout is read off the calling function's parameters (``new()`` as its first statement)::
 
     _accepted = AcceptedLayouts()
 
     def op(x, y, n=1):
-        new = _accepted.new(locals())
+        new = _accepted.new()
         if new is not None:
             c = Check("op")
             ...
@@ -32,6 +32,7 @@ with its ``_PER_KEY`` most recent tensor layouts.
 
 from __future__ import annotations
 
+import sys
 from operator import itemgetter
 
 import torch
@@ -148,12 +149,15 @@ class AcceptedLayouts:
         self._slow: dict = {}
         self.limit = limit
 
-    def new(self, params: dict):
+    def new(self, params: dict | None = None):
         """``None`` when this call's layout was accepted before (skip the checks); otherwise the
-        key to ``add`` once the checks pass.  ``params``: the function's ``locals()``, taken
-        before anything else is assigned."""
+        key to ``add`` once the checks pass.  ``params``: the arguments by name; by default the
+        caller's local variables, read before it assigns any (its first statement)."""
         if _is_compiling():
+            # before the frame is read: torch.compile cannot trace locals() on every version
             return UNKEYED
+        if params is None:
+            params = sys._getframe(1).f_locals
         values = tuple(params.values())
         types = tuple(map(type, values))
         entry = self._by_types.get(types, False)
