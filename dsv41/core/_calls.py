@@ -114,10 +114,7 @@ class _Call:
     def __call__(self, *args):
         if _capture.on:
             raise KernelCall(self.name, args)
-        # takes_op_path(args), written out: this runs on every eager call
-        if (_is_compiling() or _dispatch_modes() or _functorch_active()
-                or not (_eager if _eager is not None else eager_enabled())
-                or not (_PLAIN_TYPES.issuperset(map(type, args)) or not _has_subclass(args))):
+        if takes_op_path(args):
             return self.op(*args)
         # every op's first kernel argument is a tensor (op_specs); the one that names the device
         first = args[0] if args else None
