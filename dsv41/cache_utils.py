@@ -82,7 +82,9 @@ def quantize_and_insert_k_cache(
     (vLLM 0.33, the default) or ``"paged"`` (vLLM's development snapshot); see
     ``dsv41.core.formats``.
     """
-    new = _accepted["insert"].new()
+    new = _accepted["insert"].new((
+        k, k_cache, slot_mapping, block_size, is_ue8m0, use_fnuz, bytes_per_token, v41_layout,
+    ))
     if new is not None:
         c = Check("quantize_and_insert_k_cache")
         c.tensor("k", k, dtype=torch.bfloat16, ndim=2)
@@ -147,7 +149,10 @@ def dequantize_and_gather_k_cache(
     launch grid and changes nothing here.  ``v41_layout`` (keyword-only) says
     where the 528 / 288 records keep their scales (``dsv41.core.formats``).
     """
-    new = _accepted["gather"].new()
+    new = _accepted["gather"].new((
+        out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, use_fnuz, max_gather_len,
+        v41_layout, _kernel_attribute,
+    ))
     if new is not None:
         c = Check("dequantize_and_gather_k_cache")
         c.tensor("out", out, dtype=torch.bfloat16, ndim=3)
@@ -230,7 +235,9 @@ def compute_global_topk_indices_and_lens(
     Padding tokens (``is_valid_token`` False) get length 0 but their row is
     still translated (and compacted).
     """
-    new = _accepted["global_topk"].new()
+    new = _accepted["global_topk"].new((
+        topk_indices, token_to_req_indices, block_table, block_size, is_valid_token, compact,
+    ))
     if new is not None:
         c = Check("compute_global_topk_indices_and_lens")
         c.tensor("topk_indices", topk_indices, dtype=I32, ndim=2)
@@ -274,7 +281,9 @@ def combine_topk_swa_indices(
     ``(combined_indices [T, roundup(topk + window_size, 128)], combined_lens [T])``;
     ``out`` reuses preallocated buffers of those shapes.
     """
-    new = _accepted["combine"].new()
+    new = _accepted["combine"].new((
+        topk_indices, query_start_loc, seq_lens, gather_lens, window_size, compress_ratio, topk, M, N, out,
+    ))
     if new is not None:
         c = Check("combine_topk_swa_indices")
         c.tensor("topk_indices", topk_indices, dtype=I32, ndim=2)
@@ -347,7 +356,13 @@ def build_flashinfer_mixed_sparse_indices(
     [D+P]``.  Rows are 16-byte aligned for FlashInfer's vectorized loads.
     ``replay_start`` lower-bounds every prefill token's SWA window.
     """
-    new = _accepted["flashinfer"].new()
+    new = _accepted["flashinfer"].new((
+        decode_swa_indices, decode_compressed_indices, decode_compressed_topk_lens, prefill_topk_indices,
+        query_start_loc, seq_lens, token_to_req_indices, swa_block_table, swa_block_size,
+        compressed_block_table, compressed_block_size, window_size, compress_ratio, topk,
+        decode_compressed_indices_are_local, decode_is_valid_token, swa_block_span, compressed_block_span,
+        replay_start,
+    ))
     if new is not None:
         c = Check("build_flashinfer_mixed_sparse_indices")
         c.tensor("decode_swa_indices", decode_swa_indices, dtype=I32, ndim=2)

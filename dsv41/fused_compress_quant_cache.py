@@ -45,7 +45,10 @@ def fused_save_compress_norm(
     ring row where that index is >= 0, and the ring is not written — the caller
     stores it with ``save_ring_rows``.  Both are ignored for CR 1.
     """
-    new = _accepted["save_compress"].new()
+    new = _accepted["save_compress"].new((
+        kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices, rms_norm_weight,
+        rms_norm_eps, compress_ratio, latent_out, prev_rows, prev_row_indices,
+    ))
     if new is not None:
         c = Check("fused_save_compress_norm")
         c.integer("compress_ratio", compress_ratio, choices=(1, 2))
@@ -112,7 +115,7 @@ def save_ring_rows(rows: torch.Tensor, slot_mapping: torch.Tensor, state_cache: 
     update ``fused_save_compress_norm`` leaves to the caller when given
     ``prev_rows``.  Two rows with one slot: which one stays is unspecified.
     """
-    new = _accepted["save_ring_rows"].new()
+    new = _accepted["save_ring_rows"].new((rows, slot_mapping, state_cache))
     if new is not None:
         c = Check("save_ring_rows")
         c.tensor("rows", rows, dtype=torch.float32, ndim=2)
@@ -154,7 +157,10 @@ def rope_quant_insert(
     ``v41_layout`` (keyword-only) places the 528 / 288 records' scales:
     ``"interleaved"`` (vLLM 0.33, the default) or ``"paged"`` (``dsv41.core.formats``).
     """
-    new = _accepted["rope_insert"].new()
+    new = _accepted["rope_insert"].new((
+        latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio, fp8_scale, sanitize_nans,
+        v41_layout,
+    ))
     if new is not None:
         c = Check("rope_quant_insert")
         c.integer("compress_ratio", compress_ratio, choices=(1, 2))

@@ -46,7 +46,10 @@ def indexer_k_norm_rope_store(
     aiter's preshuffle with ``mxfp4_n_per_tile`` tokens for MXFP4); by default
     it follows vLLM: on for ROCm platforms with ``block_size > 1``.
     """
-    new = _accepted["indexer_k"].new()
+    new = _accepted["indexer_k"].new((
+        k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache, kv_slot_mapping,
+        compress_ratio, use_fp4_cache, mxfp4_n_per_tile, tiled,
+    ))
     if new is not None:
         c = Check("indexer_k_norm_rope_store")
         c.tensor("k_pre", k_pre, dtype=torch.bfloat16, ndim=2)

@@ -43,7 +43,10 @@ def fused_indexer_q_rope_quant(
     ``weights_out = weights * softmax_scale * head_scale`` in
     ``weights_out_dtype`` (fp32 or bf16).
     """
-    new = _accepted["indexer_q"].new()
+    new = _accepted["indexer_q"].new((
+        positions, index_q, index_q_cos_sin_cache, index_weights, index_weights_softmax_scale,
+        index_weights_head_scale, use_fp4, weights_out_dtype, fp8_dtype,
+    ))
     if new is not None:
         c = Check("fused_indexer_q_rope_quant")
         c.tensor("positions", positions, dtype=INT_INDEX, ndim=1)

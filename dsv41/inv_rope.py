@@ -46,7 +46,10 @@ def fused_inv_rope_fp8_quant(
     an empty scale tensor.  ``permuted_output`` (needs quantize,
     tma_aligned_scales and quant_group_size 32) writes FlashMLA's chunk order.
     """
-    new = _accepted["inv_rope"].new()
+    new = _accepted["inv_rope"].new((
+        o, positions, cos_sin_cache, n_groups, heads_per_group, nope_dim, rope_dim, quant_group_size,
+        tma_aligned_scales, quantize, permuted_output,
+    ))
     if new is not None:
         c = Check("fused_inv_rope_fp8_quant")
         c.tensor("o", o, dtype=torch.bfloat16, ndim=3)

@@ -20,7 +20,7 @@ def pad_fused_q_heads(q: torch.Tensor, padded_heads: int) -> torch.Tensor:
     Per token the fused layout is 32 chunks of ``[H, 16]``; padding inserts
     zero heads inside every chunk.  Returns ``q`` itself when no padding is needed.
     """
-    new = _accepted["pad"].new()
+    new = _accepted["pad"].new((q, padded_heads))
     if new is not None:
         c = Check("pad_fused_q_heads")
         c.tensor("q", q, ndim=3)

@@ -138,7 +138,7 @@ def fused_q_kv_rmsnorm_quant(
     bytes in FlashInfer's F8_128x4 swizzle (padding bytes are 0), ``q.orig_dtype`` /
     ``q.orig_shape`` those of ``qr``, ``q.quant_key`` ``MXFP8_DYNAMIC``.
     """
-    new = _accepted["q_kv"].new()
+    new = _accepted["q_kv"].new((qr, kv, q_weight, kv_weight, eps))
     if new is not None:
         c = Check("fused_q_kv_rmsnorm_quant")
         c.tensor("qr", qr, dtype=torch.bfloat16, ndim=2)

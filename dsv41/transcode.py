@@ -160,7 +160,7 @@ def transcode_k_cache(
     src_v41_layout, dst_v41_layout: where the 528 / 288 records keep their scales in each
         cache, ``"interleaved"`` or ``"paged"`` (keyword-only; ignored for other records).
     """
-    new = _accepted.new()
+    new = _accepted.new((src, dst, block_ids, src_fnuz, dst_fnuz, block_size, tiled, src_v41_layout, dst_v41_layout))
     if new is not None:
         c = Check(OP)
         c.tensor("src", src, dtype=torch.uint8, ndim=(2, 3))

@@ -4,8 +4,10 @@ checks could see still reaches them."""
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
+import inspect
 
 import pytest
 import torch
@@ -46,12 +48,12 @@ def test_tensor_subclasses_are_not_keyed():
     sub = torch.zeros(2).as_subclass(Sub)
     assert _key(sub) is None
     acc = al.AcceptedLayouts()
-    assert acc.new({"x": sub}) is al.UNKEYED
-    assert acc.new({"x": (sub, sub)}) is al.UNKEYED
+    assert acc.new((sub,)) is al.UNKEYED
+    assert acc.new(((sub, sub),)) is al.UNKEYED
     param = torch.nn.Parameter(torch.zeros(2))  # weights arrive as parameters
-    acc.add(acc.new({"x": param}))
-    assert acc.new({"x": param}) is None
-    assert acc.new({"x": torch.zeros(2)}) is not None  # a plain tensor is another layout
+    acc.add(acc.new((param,)))
+    assert acc.new((param,)) is None
+    assert acc.new((torch.zeros(2),)) is not None  # a plain tensor is another layout
 
 
 @pytest.mark.parametrize("compiled_guards", [True, False])
@@ -64,7 +66,7 @@ def test_a_layout_is_accepted_only_when_everything_matches(compiled_guards, monk
     def params(**kw):
         base = {"t": t, "n": 64, "flag": False, "layout": "paged", "opt": None, "pair": None}
         base.update(kw)
-        return base
+        return tuple(base.values())
 
     acc = al.AcceptedLayouts()
     acc.add(acc.new(params()))
@@ -82,26 +84,26 @@ def test_a_layout_is_accepted_only_when_everything_matches(compiled_guards, monk
 
 def test_unkeyable_calls_always_check_and_are_never_added():
     acc = al.AcceptedLayouts()
-    assert acc.new({"x": {1: 2}}) is al.UNKEYED  # unhashable
+    assert acc.new(({1: 2},)) is al.UNKEYED  # unhashable
     acc.add(al.UNKEYED)
-    assert acc.new({"x": {1: 2}}) is al.UNKEYED
+    assert acc.new(({1: 2},)) is al.UNKEYED
 
 
 def test_oldest_layout_is_dropped_at_the_limit():
     acc = al.AcceptedLayouts(limit=2)
-    keys = [acc.new({"n": n}) for n in range(3)]
+    keys = [acc.new((n,)) for n in range(3)]
     for key in keys:
         acc.add(key)
-    assert acc.new({"n": 0}) is not None  # dropped
-    assert acc.new({"n": 1}) is None and acc.new({"n": 2}) is None
+    assert acc.new((0,)) is not None  # dropped
+    assert acc.new((1,)) is None and acc.new((2,)) is None
 
 
 def test_traced_calls_always_check(monkeypatch):
     acc = al.AcceptedLayouts()
-    acc.add(acc.new({"n": 1}))
-    assert acc.new({"n": 1}) is None
+    acc.add(acc.new((1,)))
+    assert acc.new((1,)) is None
     monkeypatch.setattr(al, "_is_compiling", lambda: True)
-    assert acc.new({"n": 1}) is al.UNKEYED
+    assert acc.new((1,)) is al.UNKEYED
 
 
 def _gather_args(**overrides):
@@ -125,6 +127,38 @@ def test_differences_after_an_accepted_layout_still_fail():
     with pytest.raises(ValueError, match="'offset'"):
         dsv41.dequantize_and_gather_k_cache(**_gather_args(offset=-1))
     dsv41.dequantize_and_gather_k_cache(**_gather_args())  # and the good layout still runs
+
+
+def _new_calls():
+    """(module, function, the names passed to ``new``) for every ``<accepted>.new(...)`` call in a
+    public module's function."""
+    for name in ("cache_utils", "fused_compress_quant_cache", "indexer_k_store", "indexer_q", "inv_rope",
+                 "q_layout", "query_quant", "transcode"):
+        module = importlib.import_module(f"dsv41.{name}")
+        for fn in ast.walk(ast.parse(inspect.getsource(module))):
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            for node in ast.walk(fn):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr == "new" and "accepted" in ast.unparse(node.func.value)):
+                    passed = node.args[0] if len(node.args) == 1 and not node.keywords else None
+                    names = ([e.id if isinstance(e, ast.Name) else ast.unparse(e) for e in passed.elts]
+                             if isinstance(passed, ast.Tuple) else None)
+                    yield name, fn, names
+
+
+def test_every_public_function_passes_all_its_parameters_in_order():
+    """A parameter left out of the layout would let a call skip the checks of a value never seen."""
+    seen = 0
+    for module, fn, names in _new_calls():
+        a = fn.args
+        params = [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs]
+        assert a.vararg is None and a.kwarg is None, f"{module}.{fn.name}"
+        assert names == params, f"{module}.{fn.name}: new() gets {names}, the parameters are {params}"
+        first = fn.body[1] if isinstance(fn.body[0], ast.Expr) else fn.body[0]  # after the docstring
+        assert "new(" in ast.unparse(first), f"{module}.{fn.name}: new() is not the first statement"
+        seen += 1
+    assert seen >= 14
 
 
 class _CountingCheck:

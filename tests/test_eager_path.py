@@ -48,6 +48,26 @@ def test_eager_call_skips_the_custom_op(eager_default, monkeypatch):
     assert cache.any()
 
 
+def test_eager_call_follows_the_registry(eager_default, monkeypatch):
+    """The call object keeps the resolved kernel per device, but a substituted
+    ``registry.kernel`` and ``registry.reset()`` are seen at the next call."""
+    k, cache, slots = _insert_args()
+    dsv41.quantize_and_insert_k_cache(k, cache, slots, 64, bytes_per_token=528)  # resolved, kept
+    seen, real = [], registry.kernel
+    monkeypatch.setattr(registry, "kernel", lambda op, device_type: lambda *a: seen.append((op, device_type)))
+    dsv41.quantize_and_insert_k_cache(k, cache, slots, 64, bytes_per_token=528)
+    assert seen == [("quantize_and_insert_k_cache", "cpu")]
+    monkeypatch.setattr(registry, "kernel", real)
+    call = _calls.ops.quantize_and_insert_k_cache
+    dsv41.quantize_and_insert_k_cache(k, cache, slots, 64, bytes_per_token=528)
+    assert call.kernels and len(seen) == 1  # the real kernel again
+    registry.reset()
+    assert not call.kernels
+    cache.zero_()
+    dsv41.quantize_and_insert_k_cache(k, cache, slots, 64, bytes_per_token=528)
+    assert cache.any() and call.kernels
+
+
 def test_forced_op_path(monkeypatch):
     """DSV41_EAGER_OPS=0: every call goes through the custom op."""
     monkeypatch.setattr(_calls, "_eager", None)

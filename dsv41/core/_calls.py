@@ -105,31 +105,43 @@ def stop_if_capturing(name: str, args: tuple, kernel=None) -> None:
 
 
 class _Call:
-    __slots__ = ("name", "op")
+    __slots__ = ("name", "op", "kernels", "source")
 
     def __init__(self, name: str):
         self.name = name
         self.op = getattr(torch.ops.dsv41, name)
+        # torch.device -> the kernel ``source`` (registry.kernel) resolved for it; emptied by
+        # registry.reset() and whenever registry.kernel is another function (a test, a tool
+        # that substitutes the kernels)
+        self.kernels: dict = {}
+        self.source = registry.kernel
+        registry.on_reset(self.kernels.clear)
 
     def __call__(self, *args):
         if _capture.on:
             raise KernelCall(self.name, args)
-        if takes_op_path(args):
+        # takes_op_path, written out: this is every eager call's hot path
+        if (_is_compiling() or _dispatch_modes() or _functorch_active()
+                or (_eager is not True and not eager_enabled())
+                or (not _PLAIN_TYPES.issuperset(map(type, args)) and _has_subclass(args))):
             return self.op(*args)
-        # every op's first kernel argument is a tensor (op_specs); the one that names the device
+        if self.source is not registry.kernel:
+            self.kernels.clear()
+            self.source = registry.kernel
+        try:
+            # every op's first kernel argument is a tensor (op_specs): the one that names the device
+            kernel = self.kernels[args[0].device]
+        except (KeyError, IndexError, AttributeError):
+            return self._first(args)
+        return kernel(*args)
+
+    def _first(self, args):
         first = args[0] if args else None
         if not isinstance(first, Tensor):
             return self.op(*args)  # let the op say what is wrong
-        device = first.device
-        kind = _device_types.get(device)
-        if kind is None:
-            kind = _device_types[device] = device.type
-        # the registry resolves once per op; this lookup is two dict reads
-        return registry.kernel(self.name, kind)(*args)
-
-
-# torch.device -> its type string: reading ``device.type`` costs more than this lookup
-_device_types: dict = {}
+        kernel = self.source(self.name, first.device.type)  # raises if nothing runs here
+        self.kernels[first.device] = kernel
+        return kernel(*args)
 
 
 class _Ops:

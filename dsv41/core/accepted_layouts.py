@@ -6,12 +6,13 @@ all of that pass or fail the same checks, so a call whose *layout* was accepted 
 them.  A serving engine calls each op with a handful of layouts (decode batch sizes, CUDA-graph
 sizes), so the checks run a few times per layout instead of on every call.
 
-The layout is read off the calling function's parameters (``new()`` as its first statement)::
+``new()`` takes the calling function's parameters, every one, in order, as its first
+statement (``tests/test_accepted_layouts.py`` holds each public function to that)::
 
     _accepted = AcceptedLayouts()
 
     def op(x, y, n=1):
-        new = _accepted.new()
+        new = _accepted.new((x, y, n))
         if new is not None:
             c = Check("op")
             ...
@@ -32,7 +33,6 @@ with its ``_PER_KEY`` most recent tensor layouts.
 
 from __future__ import annotations
 
-import sys
 from operator import itemgetter
 
 import torch
@@ -149,16 +149,12 @@ class AcceptedLayouts:
         self._slow: dict = {}
         self.limit = limit
 
-    def new(self, params: dict | None = None):
+    def new(self, values: tuple):
         """``None`` when this call's layout was accepted before (skip the checks); otherwise the
-        key to ``add`` once the checks pass.  ``params``: the arguments by name; by default the
-        caller's local variables, read before it assigns any (its first statement)."""
+        key to ``add`` once the checks pass.  ``values``: the caller's parameters in order (a
+        tuple written out: reading the caller's frame instead costs 1-3 us a call)."""
         if _is_compiling():
-            # before the frame is read: torch.compile cannot trace locals() on every version
             return UNKEYED
-        if params is None:
-            params = sys._getframe(1).f_locals
-        values = tuple(params.values())
         types = tuple(map(type, values))
         entry = self._by_types.get(types, False)
         if entry is False:

@@ -313,10 +313,21 @@ def preferred_kernel(op: str, device_type: str, attribute: str) -> Callable:
     return fn
 
 
+# Called by reset(): caches of resolved kernels kept elsewhere (the eager call path's).
+_reset_hooks: list = []
+
+
+def on_reset(hook: Callable[[], None]) -> None:
+    """Have ``reset()`` call ``hook`` (a cache of ``kernel()`` results forgets them)."""
+    _reset_hooks.append(hook)
+
+
 def reset() -> None:
     """Forget all resolutions and the platform probe (for tests that change the environment)."""
     with _lock:
         _resolved.clear()
         _preferred.clear()
+        for hook in _reset_hooks:
+            hook()
     _platform.reset()
     _env.reset()
