@@ -370,16 +370,18 @@ inline void load_cos_sin(const void* cache, int64_t row, int64_t half, float* c,
 }
 
 // forward RoPE (R §1.2) of `half` pairs of bf16 (read as 32-bit words: even dim in the low
-// half), then the bf16 round trip (torch's rounding); out gets the 2*half bf16 results
+// half), then the bf16 round trip (torch's rounding); out gets the 2*half bf16 results.
+// The indexer-Q contraction: e' = fma(e, c, -RN(o*s)), o' = fma(e, s, RN(o*c))
+// (docs/kernel_contract.md, "RoPE contraction").
 inline void rope_pairs_bf16(const uint16_t* __restrict in, const float* __restrict c, const float* __restrict s,
                             uint16_t* __restrict out, int64_t half) {
     for (int64_t i = 0; i < half; ++i) {
         uint32_t w;
         std::memcpy(&w, in + 2 * i, 4);
         const float e = from_bits(w << 16), o = from_bits(w & 0xFFFF0000u);
-        const float os = o * s[i], es = e * s[i];
+        const float os = o * s[i], oc = o * c[i];
         const uint32_t ne = rk_bf16_torch(std::fmaf(e, c[i], -os));
-        const uint32_t no = rk_bf16_torch(std::fmaf(o, c[i], es));
+        const uint32_t no = rk_bf16_torch(std::fmaf(e, s[i], oc));
         const uint32_t r = ne | (no << 16);
         std::memcpy(out + 2 * i, &r, 4);
     }
@@ -521,9 +523,9 @@ static inline __attribute__((always_inline)) void indexer_item(const IdxArgs& A,
         for (int64_t d = 0; d < D; ++d) x[d] = bf16_to_f32(src[d]);
         for (int64_t i = 0; i < half; ++i) {
             const float e = x[nope + 2 * i], o = x[nope + 2 * i + 1];
-            const float os = o * ss[i], es = e * ss[i];
+            const float os = o * ss[i], oc = o * cc[i];
             x[nope + 2 * i] = rn_bf16(std::fmaf(e, cc[i], -os));
-            x[nope + 2 * i + 1] = rn_bf16(std::fmaf(o, cc[i], es));
+            x[nope + 2 * i + 1] = rn_bf16(std::fmaf(e, ss[i], oc));
         }
         for (int64_t d = 0; d < D; ++d) hb[d] = (uint16_t)(bits(x[d]) >> 16);  // bf16-exact
         contig = true;

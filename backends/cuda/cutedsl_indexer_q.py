@@ -9,8 +9,8 @@ Per (token t, head h) of ``index_q [T, H, D]`` (bf16): GPT-J RoPE on the last R 
   ``weights_out = RN32(RN32(w * S) * Hs)`` (fp32 or bf16).
 
 Numerics follow OUR reference (``dsv41.reference.indexer``) bit for bit, not vLLM's CuteDSL
-kernel (§2.5): the canonical RoPE contraction ``e' = fma(e, c, -RN32(o*s))``,
-``o' = fma(o, c, RN32(e*s))`` written as explicit ``mul.rn`` / ``fma.rn`` (so neither LLVM nor
+kernel (§2.5): the indexer-Q RoPE contraction ``e' = fma(e, c, -RN32(o*s))``,
+``o' = fma(e, s, RN32(o*c))`` written as explicit ``mul.rn`` / ``fma.rn`` (so neither LLVM nor
 ptxas can re-associate or fuse differently), the Triton-style three-rounding weight fold with
 ``S = RN32(softmax_scale)``, ``Hs = RN32(head_scale)``, and the scale exponent by bit-ceil of
 ``amax * RN32(1/M)`` — equal to the reference's log-ceil of ``amax / M`` for every bf16-valued
@@ -110,8 +110,8 @@ def head_mapping(head_dim: int, block, tid, num_heads_total, num_heads, minimum)
 # PTX blocks
 # --------------------------------------------------------------------------------------
 
-# RoPE of one bf16x2 word (e = low half, o = high half) by (c, s), canonical contraction,
-# result rounded back to bf16x2 (RNE).
+# RoPE of one bf16x2 word (e = low half, o = high half) by (c, s), the indexer-Q contraction
+# (e' = fma(e, c, -RN(o*s)), o' = fma(e, s, RN(o*c))), result rounded back to bf16x2 (RNE).
 _ROPE_WORD = """{
 .reg .b32 a, b;
 .reg .f32 e, o, t0, t1, e2, o2;
@@ -122,8 +122,8 @@ mov.b32 o, b;
 mul.rn.f32 t0, o, {$r2};
 neg.f32 t0, t0;
 fma.rn.f32 e2, e, {$r1}, t0;
-mul.rn.f32 t1, e, {$r2};
-fma.rn.f32 o2, o, {$r1}, t1;
+mul.rn.f32 t1, o, {$r1};
+fma.rn.f32 o2, e, {$r2}, t1;
 cvt.rn.bf16x2.f32 {$w0}, o2, e2;
 }"""
 

@@ -11,8 +11,9 @@ constexprs instead of being copied per vendor:
   arithmetic with the same results (ROCm / XPU, and the Triton interpreter, whose own
   float conversions are not exact).  NaN handling is pinned explicitly either way.  The
   launcher sets it per launch from ``conversions`` (the one switch of both kernel files).
-* RoPE always uses ``tl.fma`` in the canonical contraction (§1.2, §1.3), so every vendor
-  rounds the same way; scale exponents are computed from fp32 bits (no ``log2``): the
+* RoPE always uses ``tl.fma`` with the product pinned (docs/kernel_contract.md, "RoPE
+  contraction"), so every vendor rounds the same way: the indexer Q fuses ``e * s`` into its
+  odd lane, ``fma(e, s, RN32(o * c))``, as vLLM's indexer-Q kernels compile on NVIDIA; scale exponents are computed from fp32 bits (no ``log2``): the
   fp32-log2 ceiling "(L)" of §1.5 is reproduced exactly with an integer rule
   (``_ceil_exp_log``), the exact ceiling "(B)" with ``_ceil_exp_bits``.
 * NaN never enters an amax (explicitly masked: max.f32 / fmax semantics of §2.7, F3).
@@ -201,7 +202,7 @@ def _indexer_q_kernel(
         c = tl.load(cs_ptr + cs_off, mask=tm[:, None, None], other=1.0).to(tl.float32)
         s = tl.load(cs_ptr + cs_off + HALF, mask=tm[:, None, None], other=0.0).to(tl.float32)
         re2 = _rn_bf16(tl.fma(re, c, _neg_sign_bit(ro * s)), CVT_HW)
-        ro2 = _rn_bf16(tl.fma(ro, c, re * s), CVT_HW)
+        ro2 = _rn_bf16(tl.fma(re, s, ro * c), CVT_HW)
         srow = (ti * s_sc0)[:, None] + (hi * s_sc1)[None, :]
         _mxfp4_blocks(ne, no, out_ptr, orow, sc_ptr + srow[:, :, None], th_m, PTX,
                       BLOCK_T, BLOCK_H, NOPE // 2, NOPE // 2)
@@ -220,9 +221,9 @@ def _indexer_q_kernel(
         cs_off = pos[:, None, None] * s_cs + tl.arange(0, HALF)[None, None, :]
         c = tl.load(cs_ptr + cs_off, mask=tm[:, None, None], other=1.0).to(tl.float32)
         s = tl.load(cs_ptr + cs_off + HALF, mask=tm[:, None, None], other=0.0).to(tl.float32)
-        # §1.2 forward RoPE (canonical contraction) + the bf16 round trip
+        # §1.2 forward RoPE (the indexer-Q contraction) + the bf16 round trip
         ne = _rn_bf16(tl.fma(e, c, _neg_sign_bit(o * s)), CVT_HW)
-        no = _rn_bf16(tl.fma(o, c, e * s), CVT_HW)
+        no = _rn_bf16(tl.fma(e, s, o * c), CVT_HW)
         # amax: max.f32 (maxnum) drops NaN operands; an all-NaN head gives the floor
         amax = tl.maximum(_rmax(tl.abs(xn), axis=2), _rmax(tl.maximum(tl.abs(ne), tl.abs(no)), axis=2))
         E = _ceil_exp_bits(tl.maximum(amax, _EPS_Q) * (1.0 / FP8_MAX))
@@ -248,7 +249,7 @@ def _indexer_q_kernel(
         x = tl.load(q_ptr + qrow[:, :, None] + d[None, None, :], mask=d_m, other=0.0).to(tl.float32)
         e, o = tl.split(tl.reshape(x, [BLOCK_T, BLOCK_H, BLOCK_P, 2]))
         new_e = _rn_bf16(tl.fma(e, c, _neg_sign_bit(o * s)), CVT_HW)
-        new_o = _rn_bf16(tl.fma(o, c, e * s), CVT_HW)
+        new_o = _rn_bf16(tl.fma(e, s, o * c), CVT_HW)
         rope3 = rope[None, None, :]
         e = tl.where(rope3, new_e, e)
         o = tl.where(rope3, new_o, o)

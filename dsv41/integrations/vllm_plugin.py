@@ -129,11 +129,12 @@ KNOWN = {
             ),
             "indexer_k_norm_rope_store": (
                 "bytes may differ from vLLM 0.33.0 on NVIDIA GPUs: rare one-ulp e4m3 codes at scale "
-                "(set C, 2 codes in 65536 tokens)"
+                "(vLLM's approximate rsqrt in the key's norm; set C, 2 codes in 65536 tokens)"
             ),
             "fused_indexer_q_rope_quant": (
-                "bytes may differ from vLLM 0.33.0 on NVIDIA GPUs: rare one-ulp e4m3 codes at scale "
-                "(set C, 89 codes in 65536 tokens)"
+                "set C's 89 codes at 65536 tokens are reproduced (the RoPE contraction of vLLM's "
+                "NVIDIA build) by the reference, cpu and the interpreted Triton kernel, not yet run "
+                "on a GPU; vLLM's ROCm build fuses the other product"
             ),
         },
         keep={

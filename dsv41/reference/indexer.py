@@ -9,8 +9,9 @@ Both follow the kernel contract (docs/kernel_contract.md): arguments are validat
 caller, outputs are preallocated and written in place, nothing is returned.  Everything is
 vectorized over tokens / heads and uses only torch ops on the inputs' device.
 
-Numerics are the CUDA (Triton, SM90) ones, bit for bit: fp32 throughout, the canonical
-RoPE contraction ``fma(e, c, -RN32(o*s))`` / ``fma(o, c, RN32(e*s))`` (§1.2), the bf16
+Numerics are the CUDA (Triton, SM90) ones, bit for bit: fp32 throughout, the RoPE
+contraction of vLLM's NVIDIA build (``fma(e, c, -RN32(o*s))`` / ``fma(o, c, RN32(e*s))`` for
+the key, ``fma(e, s, RN32(o*c))`` in the query's odd lane; docs/kernel_contract.md), the bf16
 round trip (§1.4), power-of-two scales with the fp32-log2 ceiling (§1.5), RNE e4m3 /
 e2m1 encoders (§1.6, §1.7, §8), and the Triton kernel's summation order for the RMSNorm
 variance.  The one operation the GPU does *approximately* is the RMSNorm ``rsqrt``
@@ -72,15 +73,19 @@ def _cos_sin(cache: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torc
     return rows[..., :half], rows[..., half:]
 
 
-def _rope_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def _rope_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, odd_fuses_sin: bool = False) -> torch.Tensor:
     """Forward GPT-J RoPE (§1.2) on every pair of the last dim of fp32 ``x``.
 
     ``cos`` / ``sin`` hold one value per pair (broadcast against ``x[..., 0::2]``).
     Canonical contraction: even' = fma(e, c, -RN32(o*s)), odd' = fma(o, c, RN32(e*s)).
+    ``odd_fuses_sin``: odd' = fma(e, s, RN32(o*c)) instead — the product vLLM's indexer-Q
+    kernels (FP8 and MXFP4) fuse once their ``x_odd * cos + x_even * sin`` is compiled for
+    NVIDIA (their PTX; golden set C), where its indexer-K and cache-writer kernels, written the
+    same way, fuse the canonical one (docs/kernel_contract.md, "RoPE contraction").
     """
     e, o = x[..., 0::2], x[..., 1::2]
     new_e = fma32(e, cos, -(o * sin))
-    new_o = fma32(o, cos, e * sin)
+    new_o = fma32(e, sin, o * cos) if odd_fuses_sin else fma32(o, cos, e * sin)
     return torch.stack((new_e, new_o), dim=-1).flatten(-2)
 
 
@@ -243,7 +248,7 @@ def fused_indexer_q_rope_quant(
     # kept, finding 2); RoPE dims rotate at positions[t] and take the bf16 round trip.
     x = index_q.to(F32)
     cos, sin = _cos_sin(cos_sin_cache, positions.reshape(-1)[:num_tokens].to(torch.int64))
-    rot = rnbf16(_rope_pairs(x[..., nope:], cos.unsqueeze(1), sin.unsqueeze(1)))
+    rot = rnbf16(_rope_pairs(x[..., nope:], cos.unsqueeze(1), sin.unsqueeze(1), odd_fuses_sin=True))
     x = torch.cat((x[..., :nope], rot), dim=-1)  # [T, H, D]
 
     w = index_weights.to(F32)
