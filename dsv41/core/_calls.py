@@ -120,10 +120,7 @@ class _Call:
     def __call__(self, *args):
         if _capture.on:
             raise KernelCall(self.name, args)
-        # takes_op_path, written out: this is every eager call's hot path
-        if (_is_compiling() or _dispatch_modes() or _functorch_active()
-                or (_eager is not True and not eager_enabled())
-                or (not _PLAIN_TYPES.issuperset(map(type, args)) and _has_subclass(args))):
+        if takes_op_path(args):
             return self.op(*args)
         if self.source is not registry.kernel:
             self.kernels.clear()
