@@ -132,9 +132,10 @@ KNOWN = {
                 "(vLLM's approximate rsqrt in the key's norm; set C, 2 codes in 65536 tokens)"
             ),
             "fused_indexer_q_rope_quant": (
-                "set C's 89 codes at 65536 tokens are reproduced (the RoPE contraction of vLLM's "
-                "NVIDIA build) by the reference, cpu and the interpreted Triton kernel, not yet run "
-                "on a GPU; vLLM's ROCm build fuses the other product"
+                "bytes may differ from vLLM 0.33.0 until dsv41's GPU kernels have run set C (its 89 "
+                "codes at 65536 tokens, the RoPE contraction of vLLM's NVIDIA build, are reproduced "
+                "by the reference, cpu and the interpreted Triton kernel); vLLM's ROCm build fuses "
+                "the other product"
             ),
         },
         keep={
