@@ -299,14 +299,38 @@ def _span(*tensors) -> int:
     """Largest element offset any of the tensors reaches (decides int32 vs int64 offsets)."""
     m = 0
     for t in tensors:  # plain loops: this runs on every launch (host time)
-        if t is None or t.numel() == 0:
+        if t is None:
             continue
-        off = t.storage_offset()
-        for n, st in zip(t.shape, t.stride()):
-            off += (n - 1) * (st if st >= 0 else -st)
+        if t.is_contiguous():  # the common case, three C calls: offset + numel - 1 exactly
+            off = t.storage_offset() + t.numel() - 1
+        elif t.numel() == 0:
+            continue
+        else:
+            off = t.storage_offset()
+            for n, st in zip(t.shape, t.stride()):
+                off += (n - 1) * (st if st >= 0 else -st)
         if off > m:
             m = off
     return m
+
+
+# Launch configurations that depend on integers only (sizes, flags), per launcher and key: a
+# decode step repeats a handful of them.  Computed afresh while a tuning override is in force
+# (the sweep and tests set ``tuning.OVERRIDES``), so an override always takes effect.
+_CONFIGS: dict = {}
+_CONFIGS_MAX = 1024
+
+
+def _config(key: tuple, make, *args):
+    """``make(*args)``, remembered under ``key`` (which must determine it)."""
+    if tuning.OVERRIDES:
+        return make(*args)
+    cfg = _CONFIGS.get(key)
+    if cfg is None:
+        if len(_CONFIGS) >= _CONFIGS_MAX:
+            _CONFIGS.clear()
+        cfg = _CONFIGS[key] = make(*args)
+    return cfg
 
 
 _I32_SAFE = 2**31 - 2**20  # offsets below this are computed in int32 (margin for tile overrun)
@@ -329,12 +353,9 @@ def fused_indexer_q_rope_quant(
     nope = D - R
     assert index_q.stride(2) == 1 and q_out.stride(2) == 1 and cos_sin_cache.stride(-1) == 1
     assert nope % 2 == 0 and R % 2 == 0
-    block_p = _pow2(D // 2)
-    target, warps = _target(T * H * D, 8192, 4)
-    bt, bh = _tile_th(T, H, 2 * block_p, target)
-    cfg = _launch_shape("fused_indexer_q_rope_quant", T, "mxfp4" if use_fp4 else "fp8")
-    if cfg:
-        bt, bh, warps = cfg["BLOCK_T"], cfg["BLOCK_H"], cfg["num_warps"]
+    use_fp4 = bool(use_fp4)
+    block_p, bt, bh, warps, split, grid = _config(("q", T, H, D, R, use_fp4), _indexer_q_config,
+                                                  T, H, D, R, use_fp4)
     out = q_out.view(torch.uint8)
     if use_fp4:
         assert D % 32 == 0 and nope % 32 == 0
@@ -344,7 +365,6 @@ def fused_indexer_q_rope_quant(
         sc, sc_strides = out, (0, 0)  # q_scale_out is empty in the FP8 path
     wo_bf16 = weights_out.dtype == torch.bfloat16
     wo = weights_out.view(torch.int16) if wo_bf16 else weights_out
-    split = _is_pow2(nope) and _is_pow2(R) and nope >= (32 if use_fp4 else 2) and R >= (32 if use_fp4 else 2)
     off64 = _span(index_q, out, sc if use_fp4 else None, cos_sin_cache, index_weights, wo,
                   positions) >= _I32_SAFE
     q, words = index_q, False
@@ -353,7 +373,6 @@ def fused_indexer_q_rope_quant(
         words = (index_q.data_ptr() % 4 == 0 and index_q.stride(0) % 2 == 0
                  and index_q.stride(1) % 2 == 0 and index_q.storage_offset() % 2 == 0)
         q = index_q.view(torch.int32) if words else index_q.view(torch.int16)
-    grid = (launch.cdiv(T, bt), launch.cdiv(H, bh))
     pdl = launch.decode_pdl(index_q.device, T)
     _indexer_q_kernel[grid](
         positions, positions.stride(0),
@@ -366,12 +385,26 @@ def fused_indexer_q_rope_quant(
         T, H, float(softmax_scale), float(head_scale),
         D=D, NOPE=nope, HALF=R // 2,
         BLOCK_T=bt, BLOCK_H=bh, BLOCK_P=block_p,
-        SPLIT=split, USE_FP4=bool(use_fp4), FNUZ=bool(use_fnuz) and not use_fp4,
+        SPLIT=split, USE_FP4=use_fp4, FNUZ=bool(use_fnuz) and not use_fp4,
         CVT_HW=use_hw_convert(index_q.device), WO_BF16=wo_bf16, OFF64=off64, WORDS=words,
-        PTX=bool(use_fp4) and use_ptx(index_q.device), PDL=pdl, num_warps=warps,
+        PTX=use_fp4 and use_ptx(index_q.device), PDL=pdl, num_warps=warps,
         **launch.pdl_kwargs(pdl),
     )
     return None
+
+
+def _indexer_q_config(T: int, H: int, D: int, R: int, use_fp4: bool) -> tuple:
+    """(BLOCK_P, BLOCK_T, BLOCK_H, num_warps, SPLIT, grid) of an indexer-Q launch."""
+    nope = D - R
+    block_p = _pow2(D // 2)
+    target, warps = _target(T * H * D, 8192, 4)
+    bt, bh = _tile_th(T, H, 2 * block_p, target)
+    cfg = _launch_shape("fused_indexer_q_rope_quant", T, "mxfp4" if use_fp4 else "fp8")
+    if cfg:
+        bt, bh, warps = cfg["BLOCK_T"], cfg["BLOCK_H"], cfg["num_warps"]
+    least = 32 if use_fp4 else 2
+    split = _is_pow2(nope) and _is_pow2(R) and nope >= least and R >= least
+    return block_p, bt, bh, warps, split, (launch.cdiv(T, bt), launch.cdiv(H, bh))
 
 
 # ============================================================== §4 fused_inv_rope_fp8_quant
@@ -506,7 +539,6 @@ def fused_inv_rope_fp8_quant(
         return None
     assert o.stride(2) == 1 and out_buf.stride(2) == 1 and cos_sin_cache.stride(-1) == 1
     assert nope_dim % 2 == 0 and rope_dim % 2 == 0 and Dh == nope_dim + rope_dim
-    block_p = _pow2(Dh // 2)
     if quantize:
         assert QG % 2 == 0 and (QG & (QG - 1)) == 0 and Dh % QG == 0, "power-of-two quant groups"
         C = Dh // QG
@@ -525,16 +557,10 @@ def fused_inv_rope_fp8_quant(
         sc, sc_strides = o, (0, 0)  # nothing is written
         out = out_buf.view(torch.int16)
         assert out_buf.dtype == torch.bfloat16, "quantize=False writes bf16 rows"
-    target, warps = _target(T * NH * Dh, 4096, 4)
-    bt, bh = _tile_th(Ta, NH, 2 * block_p, target)
     off64 = max(_span(o, out_buf, cos_sin_cache, positions),
                 4 * _span(scale_buf) + 4) >= _I32_SAFE
-    window = 2 * block_p
-    cfg = _launch_shape("fused_inv_rope_fp8_quant", T)
-    if cfg:
-        bt, bh, warps = cfg["BLOCK_T"], cfg["BLOCK_H"], cfg["num_warps"]
-        window = _row_window(cfg.get("BLOCK_D"), Dh, QG if quantize else 2)
-    grid = (launch.cdiv(Ta, bt), launch.cdiv(NH, bh), launch.cdiv(Dh, window))
+    qg = QG if quantize else 2
+    bt, bh, warps, window, grid = _config(("inv", T, Ta, NH, Dh, qg), _inv_rope_config, T, Ta, NH, Dh, qg)
     pdl = launch.decode_pdl(o.device, T)
     _inv_rope_kernel[grid](
         o, o.stride(0), o.stride(1),
@@ -543,13 +569,26 @@ def fused_inv_rope_fp8_quant(
         out, out_buf.stride(0), out_buf.stride(1),
         sc, *sc_strides,
         T, Ta, NH,
-        HG=HG, DH=Dh, NOPE=nope_dim, HALF=rope_dim // 2, QG=QG if quantize else 2,
+        HG=HG, DH=Dh, NOPE=nope_dim, HALF=rope_dim // 2, QG=qg,
         BLOCK_T=bt, BLOCK_H=bh, BLOCK_P=window // 2,
         QUANT=bool(quantize), PACKED=bool(quantize and tma_aligned_scales),
         PERM=bool(quantize and permuted_output), CVT_HW=use_hw_convert(o.device),
         OFF64=off64, PDL=pdl, num_warps=warps, **launch.pdl_kwargs(pdl),
     )
     return None
+
+
+def _inv_rope_config(T: int, Ta: int, NH: int, Dh: int, qg: int) -> tuple:
+    """(BLOCK_T, BLOCK_H, num_warps, dims per program, grid) of an inverse-RoPE launch."""
+    block_p = _pow2(Dh // 2)
+    target, warps = _target(T * NH * Dh, 4096, 4)
+    bt, bh = _tile_th(Ta, NH, 2 * block_p, target)
+    window = 2 * block_p
+    cfg = _launch_shape("fused_inv_rope_fp8_quant", T)
+    if cfg:
+        bt, bh, warps = cfg["BLOCK_T"], cfg["BLOCK_H"], cfg["num_warps"]
+        window = _row_window(cfg.get("BLOCK_D"), Dh, qg)
+    return bt, bh, warps, window, (launch.cdiv(Ta, bt), launch.cdiv(NH, bh), launch.cdiv(Dh, window))
 
 
 # ============================================================== §5 fused_q_kv_rmsnorm_quant
