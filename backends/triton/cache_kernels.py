@@ -703,11 +703,12 @@ def _record_bytes(width: int) -> dict:
 
 
 def _align(t: torch.Tensor, *strides) -> int:
-    """Largest of 4, 2, 1 dividing the tensor's address and the given byte strides."""
-    for a in (4, 2):
-        if t.data_ptr() % a == 0 and all(s % a == 0 for s in strides):
-            return a
-    return 1
+    """Largest of 4, 2, 1 dividing the tensor's address and the given byte strides (a power
+    of two divides them all when it divides their bitwise or; this runs on every launch)."""
+    bits = t.data_ptr()
+    for s in strides:
+        bits |= s
+    return 4 if bits % 4 == 0 else 2 if bits % 2 == 0 else 1
 
 
 def quantize_and_insert_k_cache(k, k_cache, slot_mapping, block_size, use_fnuz, bytes_per_token,
@@ -1002,6 +1003,11 @@ def _fp8_row_pair(e, o, inv, SOFT: tl.constexpr, PTX: tl.constexpr):
     return (ce | (co << 8)).to(tl.int16)
 
 
+# record width -> mode of the rope writer; mode -> its launch-shape variant (``tuning``)
+_ROPE_MODES = {584: _MODE_584, 528: _MODE_528, 288: _MODE_288}
+_ROPE_VARIANTS = {_MODE_584: 584, _MODE_528: 528, _MODE_288: 288, _MODE_BF16: "bf16", _MODE_FP8: "fp8"}
+
+
 def rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio,
                       fp8_scale, sanitize_nans, interleaved=False):
     T = slot_mapping.numel()
@@ -1009,7 +1015,7 @@ def rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, 
         return
     B = kv_cache.shape[1]
     if kv_cache.dtype == torch.uint8:
-        mode = {584: _MODE_584, 528: _MODE_528, 288: _MODE_288}[kv_cache.shape[-1]]
+        mode = _ROPE_MODES[kv_cache.shape[-1]]
     elif kv_cache.dtype == torch.bfloat16:
         mode = _MODE_BF16
     else:
@@ -1022,8 +1028,7 @@ def rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, 
              and latent.storage_offset() % 2 == 0)
     lat = latent.view(torch.int32) if words else latent.view(torch.int16)
     pdl = launch.decode_pdl(kv_cache.device, T)
-    BT, NW = _shape("rope", {_MODE_584: 584, _MODE_528: 528, _MODE_288: 288, _MODE_BF16: "bf16",
-                             _MODE_FP8: "fp8"}[mode], T)
+    BT, NW = _shape("rope", _ROPE_VARIANTS[mode], T)
     _rope_quant_insert_kernel[(launch.cdiv(T, BT),)](
         lat, lat.stride(0), positions, cos_sin_cache, cos_sin_cache.stride(0), cos_sin_cache.shape[0],
         cache, page_stride, row_stride, slot_mapping,
