@@ -301,10 +301,11 @@ def _span(*tensors) -> int:
     for t in tensors:  # plain loops: this runs on every launch (host time)
         if t is None:
             continue
-        if t.is_contiguous():  # the common case, three C calls: offset + numel - 1 exactly
-            off = t.storage_offset() + t.numel() - 1
-        elif t.numel() == 0:
+        n = t.numel()
+        if n == 0:
             continue
+        if t.is_contiguous():  # the common case, three C calls: offset + numel - 1 exactly
+            off = t.storage_offset() + n - 1
         else:
             off = t.storage_offset()
             for n, st in zip(t.shape, t.stride()):
