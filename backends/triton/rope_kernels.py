@@ -308,8 +308,8 @@ def _span(*tensors) -> int:
             off = t.storage_offset() + n - 1
         else:
             off = t.storage_offset()
-            for n, st in zip(t.shape, t.stride()):
-                off += (n - 1) * (st if st >= 0 else -st)
+            for size, st in zip(t.shape, t.stride()):
+                off += (size - 1) * (st if st >= 0 else -st)
         if off > m:
             m = off
     return m
