@@ -180,3 +180,31 @@ def test_public_calls_capture_on_both_paths(eager, monkeypatch):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(cache, want_cache) and torch.equal(out, want_out)
+
+
+@pytest.mark.parametrize("case", GRAPH_CASES, ids=[c.id for c in GRAPH_CASES])
+@pytest.mark.parametrize("impl", CUDA_IMPLS or [None], ids=[i.name for i in CUDA_IMPLS] or ["none"])
+def test_bound_launch_writes_what_triton_launch_writes(case, impl, monkeypatch):
+    """Each Triton kernel launched through Triton's own path and through the bound launcher
+    (backends/triton/bound.py), each on fresh copies of the same inputs: the same bytes."""
+    from dsv41.backends.triton import bound
+
+    if impl is None:
+        pytest.skip("no CUDA implementation can run here")
+    why = impl.skip_reason(case.op)
+    if why:
+        pytest.skip(why)
+    if not bound.enabled():
+        pytest.skip(f"bound launches are off here (Triton {bound.triton.__version__} or DSV41_TRITON_SLOW_LAUNCH)")
+    kern = impl.kernel(case.op)
+    host = case.build("cpu")
+    written = []
+    for fast in (False, True, True):  # the second bound call finds the kernel it kept
+        monkeypatch.setattr(bound, "_ENABLED", fast)
+        dev = _on("cuda", clone_args(host))
+        kern(*dev)
+        torch.cuda.synchronize()
+        written.append([written_bytes(dev[i]).cpu() if dev[i] is not None else None for i in case.writes])
+    for got in written[1:]:
+        for i, (a, b) in enumerate(zip(written[0], got)):
+            assert (a is None and b is None) or torch.equal(a, b), f"written argument {case.writes[i]} differs"

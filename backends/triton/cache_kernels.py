@@ -59,6 +59,7 @@ import triton.language as tl
 from dsv41.core.formats import RECORDS
 
 from . import conversions, launch, tuning
+from .bound import bind
 from .aot import AotSpec, register
 from .numerics import (  # noqa: F401  (the kernels below call them; tests reach some here)
     _neg,
@@ -683,6 +684,9 @@ def _quant_insert_kernel(
         _store_i16(cache_ptr, vbase + NQ * G, j, tail, valid, TAIL_I16)
 
 
+_quant_insert_launch = bind(_quant_insert_kernel)
+
+
 @functools.lru_cache(maxsize=None)
 def _geometry(width: int) -> dict:
     """Constexpr geometry of a paged KV record, read from ``dsv41.core.formats``: NQ quantized
@@ -720,7 +724,7 @@ def quantize_and_insert_k_cache(k, k_cache, slot_mapping, block_size, use_fnuz, 
     BT, NW = _shape("insert", bytes_per_token, T)
     page_stride = k_cache.stride(0)
     pdl = launch.decode_pdl(k_cache.device, T)
-    _quant_insert_kernel[(launch.cdiv(T, BT),)](
+    _quant_insert_launch((launch.cdiv(T, BT),),
         k, k.stride(0), k_cache, page_stride, slot_mapping, T, k_cache.shape[0] * block_size, block_size,
         **_geometry(bytes_per_token), HAS_TAIL=not v41, TAIL_I16=_align(k_cache, page_stride) >= 2,
         FNUZ=bool(use_fnuz), SOFT=_soft(k_cache), EXACT_LOG2=_exact_log2(),
@@ -819,6 +823,9 @@ def _gather_kernel(
                 tl.store(o16 + orow[:, None] + NQ * G + jt[None, :], tail, mask=m[:, None])
 
 
+_gather_launch = bind(_gather_kernel)
+
+
 def dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_table, block_size,
                                   offset, use_fnuz, interleaved=False):
     R = seq_lens.shape[0]
@@ -830,7 +837,7 @@ def dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_tab
     workers = max(1, min(launch.cdiv(rows, BT), launch.cdiv(CONFIG["gather_programs"], R)))
     page_stride = k_cache.stride(0)
     pdl = launch.decode_pdl(out.device, rows * R)
-    _gather_kernel[(R, workers)](
+    _gather_launch((R, workers),
         out, out.stride(0), out.stride(1), k_cache, page_stride, seq_lens,
         gather_lens if gather_lens is not None else seq_lens,
         block_table, block_table.stride(0), block_table.shape[1], k_cache.shape[0], block_size, offset, rows,
@@ -987,6 +994,9 @@ def _rope_quant_insert_kernel(
                 _store_units(cache_ptr, rbase + 448, i, ur, vm, 2, ALIGN >= 2)
 
 
+_rope_quant_insert_launch = bind(_rope_quant_insert_kernel)
+
+
 @triton.jit
 def _fp8_row_pair(e, o, inv, SOFT: tl.constexpr, PTX: tl.constexpr):
     """The two e4m3 bytes of the fp8 row record for pairs (e, o), as one int16 (spec §8.2)."""
@@ -1029,7 +1039,7 @@ def rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, 
     lat = latent.view(torch.int32) if words else latent.view(torch.int16)
     pdl = launch.decode_pdl(kv_cache.device, T)
     BT, NW = _shape("rope", _ROPE_VARIANTS[mode], T)
-    _rope_quant_insert_kernel[(launch.cdiv(T, BT),)](
+    _rope_quant_insert_launch((launch.cdiv(T, BT),),
         lat, lat.stride(0), positions, cos_sin_cache, cos_sin_cache.stride(0), cos_sin_cache.shape[0],
         cache, page_stride, row_stride, slot_mapping,
         fp8_scale if fp8_scale is not None else slot_mapping, T, kv_cache.shape[0] * B, B,
@@ -1165,6 +1175,9 @@ def _indexer_k_kernel(
                  mask=valid[:, None])
 
 
+_indexer_k_launch = bind(_indexer_k_kernel)
+
+
 def indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps,
                               k_cache, kv_slot_mapping, compress_ratio, use_fp4_cache,
                               mxfp4_n_per_tile, tiled):
@@ -1174,7 +1187,7 @@ def indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, rms_norm_weight, 
     fp4 = bool(use_fp4_cache)
     BT, NW = _shape("indexer", "mxfp4" if fp4 else "fp8", T)
     pdl = launch.decode_pdl(k_cache.device, T)
-    _indexer_k_kernel[(launch.cdiv(T, BT),)](
+    _indexer_k_launch((launch.cdiv(T, BT),),
         k_pre, k_pre.stride(0), positions, cos_sin_cache, cos_sin_cache.stride(0), cos_sin_cache.shape[0],
         rms_norm_weight, float(rms_norm_eps), k_cache, k_cache.stride(0), kv_slot_mapping, T,
         k_cache.shape[0] * k_cache.shape[1], k_cache.shape[1],
@@ -1261,6 +1274,9 @@ def _compress_norm_kernel(
                 _pool_pair_store(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, qsl_ptr, w_ptr, eps,
                                  out_ptr, out_s0, t1, valid1, slot1, pos1, req1, valid1, prev_ptr,
                                  prev_s0, pidx_ptr, prev_n, False, SOFT, PTX, HAS_PREV)
+
+
+_compress_norm_launch = bind(_compress_norm_kernel)
 
 
 @triton.jit
@@ -1402,6 +1418,9 @@ def _ring_save_kernel(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, slot_ptr, qsl_pt
     tl.store(st_ptr + (sl // cap) * st_s0 + (sl % cap) * st_s1 + c, row, mask=ok)
 
 
+_ring_save_launch = bind(_ring_save_kernel)
+
+
 def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, query_start_loc,
                              token_to_req_indices, rms_norm_weight, rms_norm_eps, compress_ratio,
                              latent_out, prev_rows=None, prev_row_indices=None):
@@ -1413,7 +1432,7 @@ def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, que
     pdl = launch.decode_pdl(latent_out.device, T)
     if compress_ratio == 1:
         BT, NW = _shape("norm1", None, T)
-        _compress_norm_kernel[(launch.cdiv(T, BT),)](
+        _compress_norm_launch((launch.cdiv(T, BT),),
             kv_score, kv_score.stride(0), slot_mapping, kv_score, 0, 0, 1, slot_mapping,
             slot_mapping, slot_mapping, rms_norm_weight, eps, latent_out, latent_out.stride(0), T,
             kv_score, 0, slot_mapping, 0, 0, 0,
@@ -1435,7 +1454,7 @@ def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, que
     # (the kernel's pair programs, BLOCK_T = 1)
     BT = BT if spec else 1
     # decode sizes: a PDL launch itself (its launch overlaps the kernel before it)
-    _compress_norm_kernel[(launch.cdiv(T, BT if spec else 2),)](
+    _compress_norm_launch((launch.cdiv(T, BT if spec else 2),),
         kv_score, kv_score.stride(0), positions, state_cache, state_cache.stride(0),
         state_cache.stride(1), cap, slot_mapping, query_start_loc, token_to_req_indices,
         rms_norm_weight, eps, latent_out, latent_out.stride(0), T,
@@ -1448,7 +1467,7 @@ def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, que
     if ring:
         # after every ring read above (stream order, or the PDL wait), store the chunks'
         # last rows
-        _ring_save_kernel[(R, cap)](
+        _ring_save_launch((R, cap),
             kv_score, kv_score.stride(0), state_cache, state_cache.stride(0),
             state_cache.stride(1), cap, slot_mapping, query_start_loc, T, state_cache.shape[0] * cap,
             PDL=ring_pdl,
@@ -1480,12 +1499,15 @@ def _save_ring_rows_kernel(rows_ptr, rows_s0, slot_ptr, st_ptr, st_s0, st_s1, ca
              mask=ok)
 
 
+_save_ring_rows_launch = bind(_save_ring_rows_kernel)
+
+
 def save_ring_rows(rows, slot_mapping, state_cache):
     N = slot_mapping.numel()
     if N == 0 or state_cache.shape[1] == 0:  # no ring row: every slot is < 0
         return
     pdl = launch.decode_pdl(state_cache.device, N)
-    _save_ring_rows_kernel[(N,)](
+    _save_ring_rows_launch((N,),
         rows, rows.stride(0), slot_mapping, state_cache, state_cache.stride(0),
         state_cache.stride(1), state_cache.shape[1], state_cache.shape[0] * state_cache.shape[1], PDL=pdl,
         num_warps=CONFIG["num_warps"]["ring"], **launch.pdl_kwargs(pdl),

@@ -32,6 +32,7 @@ import triton.language as tl
 from dsv41.core.op_specs import spec
 
 from . import launch, tuning
+from .bound import bind
 from .reductions import _rcumsum, _rsum
 
 __all__ = [
@@ -171,6 +172,9 @@ def _global_topk_kernel(
     tl.store(lens_ptr + rows64 * s_lens, tl.where(valid != 0, count, 0), mask=rmask)
 
 
+_global_topk_launch = bind(_global_topk_kernel)
+
+
 def compute_global_topk_indices_and_lens(
     topk_indices, token_to_req_indices, block_table, block_size, is_valid_token,
     global_topk_indices, topk_lens, compact=False,
@@ -194,7 +198,7 @@ def compute_global_topk_indices_and_lens(
         block_r, block_c, warps = cfg["BLOCK_R"], cfg["BLOCK_C"], cfg["num_warps"]
     valid = is_valid_token.view(torch.uint8) if is_valid_token.dtype == torch.bool else is_valid_token
     pdl = launch.decode_pdl(topk_indices.device, N)
-    _global_topk_kernel[(launch.cdiv(N, block_r),)](
+    _global_topk_launch((launch.cdiv(N, block_r),),
         topk_indices, topk_indices.stride(0), topk_indices.stride(1),
         token_to_req_indices, token_to_req_indices.stride(0),
         block_table, *_table_strides(block_table),
@@ -280,6 +284,9 @@ def _combine_topk_swa_kernel(
     tl.store(lens_ptr + t64 * s_lens, k_len + swa_len, mask=tmask)
 
 
+_combine_topk_swa_launch = bind(_combine_topk_swa_kernel)
+
+
 def combine_topk_swa_indices(
     topk_indices, query_start_loc, seq_lens, gather_lens, window_size, compress_ratio,
     topk, M, N, combined_indices, combined_lens,
@@ -292,7 +299,7 @@ def combine_topk_swa_indices(
     W_out = combined_indices.shape[1]
     block_r, block_c, warps = _row_shape("combine_topk_swa_indices", T, W_out)
     pdl = launch.decode_pdl(topk_indices.device, T)
-    _combine_topk_swa_kernel[(launch.cdiv(T, block_r),)](
+    _combine_topk_swa_launch((launch.cdiv(T, block_r),),
         topk_indices, topk_indices.stride(0), topk_indices.stride(1), topk_indices.shape[1],
         query_start_loc, query_start_loc.stride(0),
         seq_lens, seq_lens.stride(0),
@@ -432,6 +439,9 @@ def _flashinfer_mixed_kernel(
         tl.store(lens_ptr + n64 * s_lens, W_swa + k_len, mask=nmask)
 
 
+_flashinfer_mixed_launch = bind(_flashinfer_mixed_kernel)
+
+
 def build_flashinfer_mixed_sparse_indices(*args, **kwargs):
     """§7: FlashInfer sparse-MLA rows, D decode rows then P prefill rows (one launch).
     Its 21 kernel arguments are bound by the op's declaration (dsv41.core.op_specs)."""
@@ -464,7 +474,7 @@ def build_flashinfer_mixed_sparse_indices(*args, **kwargs):
     n_dec_tiles = launch.cdiv(D, block_r)
     grid = (n_dec_tiles + launch.cdiv(P, block_r),)
     pdl = launch.decode_pdl(sparse_indices.device, D + P)
-    _flashinfer_mixed_kernel[grid](
+    _flashinfer_mixed_launch(grid,
         decode_swa_indices, decode_swa_indices.stride(0), decode_swa_indices.stride(1),
         dci, dci.stride(0), dci.stride(1), K_dec,
         dlens, dlens.stride(0),

@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from . import conversions, launch, tuning
+from .bound import bind
 from .reductions import _rmax, _rsum
 from .numerics import (  # noqa: F401
     _neg_sign_bit,
@@ -277,6 +278,9 @@ def _indexer_q_kernel(
         tl.store(wo_ptr + wo_off, wo, mask=th_m)
 
 
+_indexer_q_launch = bind(_indexer_q_kernel)
+
+
 def _tile_th(T: int, H: int, row_elems: int, target: int) -> tuple[int, int]:
     """(BLOCK_T, BLOCK_H) so that a program holds about ``target`` elements."""
     bh = min(_pow2(H), max(1, target // row_elems))
@@ -375,7 +379,7 @@ def fused_indexer_q_rope_quant(
                  and index_q.stride(1) % 2 == 0 and index_q.storage_offset() % 2 == 0)
         q = index_q.view(torch.int32) if words else index_q.view(torch.int16)
     pdl = launch.decode_pdl(index_q.device, T)
-    _indexer_q_kernel[grid](
+    _indexer_q_launch(grid,
         positions, positions.stride(0),
         q, q.stride(0), q.stride(1),
         cos_sin_cache, cos_sin_cache.stride(0), cos_sin_cache.shape[0],
@@ -515,6 +519,9 @@ def _inv_rope_kernel(
         tl.store(sc_ptr + addr, val, mask=s_m)
 
 
+_inv_rope_launch = bind(_inv_rope_kernel)
+
+
 def _row_window(block_d, dh: int, qg: int) -> int:
     """Dims per program of the inverse RoPE: ``block_d`` (a shape's ``BLOCK_D``) raised to a
     whole quant chunk ``qg`` and capped at the padded row; the whole row when the shape has
@@ -563,7 +570,7 @@ def fused_inv_rope_fp8_quant(
     qg = QG if quantize else 2
     bt, bh, warps, window, grid = _config(("inv", T, Ta, NH, Dh, qg), _inv_rope_config, T, Ta, NH, Dh, qg)
     pdl = launch.decode_pdl(o.device, T)
-    _inv_rope_kernel[grid](
+    _inv_rope_launch(grid,
         o, o.stride(0), o.stride(1),
         positions, positions.stride(0),
         cos_sin_cache, cos_sin_cache.stride(0), cos_sin_cache.shape[0],
@@ -704,6 +711,9 @@ def _q_kv_rmsnorm_kernel(
                  BLOCK_KV, KV_BF16, ACC_F64, CVT_HW)
 
 
+_q_kv_rmsnorm_launch = bind(_q_kv_rmsnorm_kernel)
+
+
 def fused_q_kv_rmsnorm_quant(qr, kv, q_weight, kv_weight, eps, q_out, q_scale_out, kv_out):
     """R §5: RMSNorm of the Q and KV rows; KV stored in kv_out's dtype, Q as MXFP8
     (e4m3fn + FlashInfer UE8M0 scales in the F8_128x4 swizzle, every scale byte written)."""
@@ -735,7 +745,7 @@ def fused_q_kv_rmsnorm_quant(qr, kv, q_weight, kv_weight, eps, q_out, q_scale_ou
     n_q_tiles = launch.cdiv(Tp, bt)
     grid = (n_q_tiles + launch.cdiv(T, bt_kv),)
     pdl = launch.decode_pdl(qr.device, T)
-    _q_kv_rmsnorm_kernel[grid](
+    _q_kv_rmsnorm_launch(grid,
         qr, qr.stride(0), kv, kv.stride(0), q_weight, kv_weight, float(eps),
         qo, qo.stride(0), q_scale_out, q_scale_out.stride(0), kvo, kvo.stride(0),
         T, Tp, QS, KS, Gq, Gp, n_q_tiles,
@@ -770,6 +780,9 @@ def _pad_q_heads_kernel(
         tl.store(out_ptr + (t * s_out + c * W_out)[:, None] + w[None, :], v, mask=m)
 
 
+_pad_q_heads_launch = bind(_pad_q_heads_kernel)
+
+
 def pad_fused_q_heads(q, out):
     """R §6.3: fused-layout Q heads zero-padded from H to H_pad (a pure bit copy)."""
     T, H, D = q.shape
@@ -790,7 +803,7 @@ def pad_fused_q_heads(q, out):
         block_r, warps = cfg["BLOCK_R"], cfg["num_warps"]
     n_rows = T * nch
     pdl = launch.decode_pdl(q.device, T)
-    _pad_q_heads_kernel[(launch.cdiv(n_rows, block_r),)](
+    _pad_q_heads_launch((launch.cdiv(n_rows, block_r),),
         qi, q.stride(0), oi, out.stride(0), n_rows, W_in, W_out,
         NCH=nch, BLOCK_R=block_r, BLOCK_W=block_w, PDL=pdl, num_warps=warps,
         **launch.pdl_kwargs(pdl),

@@ -26,6 +26,7 @@ import triton.language as tl
 from dsv41.core.formats import RECORDS
 
 from . import launch
+from .bound import bind
 
 __all__ = ["transcode_k_cache"]
 
@@ -172,6 +173,9 @@ def _transcode_kernel(
         tl.store(dbase + scale_base[:, None] + g2, code_out.to(tl.uint8), mask=smask)
 
 
+_transcode_launch = bind(_transcode_kernel)
+
+
 def _config(width: int, block_size: int) -> dict:
     vb, sb, ng, g, tail, fp32 = _RECORDS[int(width)]
     ngp = _pow2(ng)
@@ -195,7 +199,7 @@ def transcode_k_cache(
     B = int(block_size)
     c = _config(width, B)
     grid = (n, launch.cdiv(B, c["BT"]))
-    _transcode_kernel[grid](
+    _transcode_launch(grid,
         src, src.stride(0), dst, dst.stride(0), block_ids, block_ids.stride(0),
         min(src.shape[0], dst.shape[0]), B,
         TILED=bool(tiled) and bool(c["FP32"]), SAME=bool(src_fnuz) == bool(dst_fnuz),

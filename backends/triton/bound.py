@@ -1,0 +1,222 @@
+"""Launching a Triton kernel without Triton's per-call argument binding.
+
+``kernel[grid](*args, **kw)`` runs ``JITFunction.run`` on every call: it re-reads Triton's
+debug and instrumentation settings, binds and specializes every argument, builds a string of
+the options for the cache key, builds launch metadata for the launch hooks, and the compiled
+launcher then calls both (empty) hook chains.  On a host CPU that is 10-20 us per launch for
+these kernels (20-40 arguments), more than most of them take on the GPU at decode sizes.
+
+``bind(kernel)`` returns a launcher with the same call form, ``launcher(grid, *args, **kw)``,
+that keeps, per *launch key*, the ``CompiledKernel`` Triton itself chose for that key and calls
+its compiled launcher directly.  The key holds everything Triton's choice depends on, and more:
+
+* the current device (Triton keeps its compiled kernels per current device);
+* each positional argument's type; for a tensor its dtype and whether its address is a multiple
+  of 16 (the only property of a tensor Triton's NVIDIA specialization reads); any other value
+  itself (an integer's exact value decides more than Triton's ``== 1`` / ``% 16`` / range);
+* the keyword arguments (constexprs and launch options) as given;
+* Triton's compile settings that ``JITFunction.run`` reads per call (debug, instrumentation).
+
+Two calls with equal keys are specialized identically by Triton, so the kernel kept for a key is
+the one ``JITFunction.run`` would launch; on a key not seen before the launcher asks Triton
+(``run(..., warmup=True)``: Triton's own binding, cache and compilation) and keeps the answer.
+The launch passes the compiled launcher the same arguments ``JITFunction.run`` passes (every
+parameter in order, defaults filled), with no launch metadata and no hooks -- which is what an
+empty hook chain does.  ``tests/test_bound_launch.py`` checks both statements against Triton's
+own path (same compiled kernel, same launcher arguments) for every launcher on the CPU with a
+driver that compiles for sm_90 and records instead of launching; the GPU suite runs the real
+launches.
+
+Triton's own path is taken instead where the key argument does not hold or cannot be checked
+cheaply: Triton's interpreter, a non-NVIDIA driver (the AMD backend also specializes on buffer
+sizes), a Triton version the test has not covered (``TESTED_TRITON``), launch hooks installed
+(profilers), pre-run hooks on the kernel, and ``DSV41_TRITON_SLOW_LAUNCH=1``.  What is kept is
+bounded: ``_KEYS`` launch keys per kernel (the oldest half dropped beyond that), so a prefill
+workload with ever-new token counts keeps a bounded cache and pays Triton's path on new keys.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from operator import attrgetter, itemgetter
+
+import torch
+import triton
+
+__all__ = ["bind", "BoundKernel", "TESTED_TRITON", "enabled"]
+
+# Triton releases (major.minor) whose run/launcher interface ``tests/test_bound_launch.py`` has
+# checked this module against; others take Triton's own path.
+TESTED_TRITON = ("3.6", "3.9")
+_KEYS = 512
+_Tensor = torch.Tensor
+_DTYPE = attrgetter("dtype")
+_ADDRESS = torch.Tensor.data_ptr
+_LOW4 = (15).__and__  # address % 16: Triton's alignment test reads whether it is 0
+
+
+def _version() -> str:
+    return ".".join(triton.__version__.split(".")[:2])
+
+
+def _slow_env() -> bool:
+    return os.environ.get("DSV41_TRITON_SLOW_LAUNCH", "0").strip() not in ("", "0")
+
+
+_ENABLED: bool | None = None
+
+
+def enabled() -> bool:
+    """Whether launches may bypass ``JITFunction.run`` in this process (Triton version tested,
+    ``DSV41_TRITON_SLOW_LAUNCH`` unset); read once."""
+    global _ENABLED
+    if _ENABLED is None:
+        _ENABLED = _version() in TESTED_TRITON and not _slow_env()
+    return _ENABLED
+
+
+def _hook_chain_type():
+    try:
+        from triton.knobs import HookChain
+    except ImportError:
+        return None
+    return HookChain
+
+
+_HookChain = _hook_chain_type()
+
+
+def _quiet(chain) -> bool:
+    """True for a launch hook that does nothing: None or an empty ``HookChain``."""
+    return chain is None or (type(chain) is _HookChain and not chain.calls)
+
+
+def _getter(positions: list):
+    """A C-level ``values -> tuple(values[i] for i in positions)``."""
+    if len(positions) > 1:
+        return itemgetter(*positions)
+    if positions:
+        i = positions[0]
+        return lambda values: (values[i],)
+    return lambda values: ()
+
+
+class _Driver:
+    """Triton's active driver (looked up per call: a test or tool may swap it) and the settings
+    ``JITFunction.run`` reads per call."""
+
+    def __init__(self):
+        from triton import knobs
+        from triton.runtime.driver import driver
+
+        self.driver = driver
+        self.runtime = knobs.runtime
+        self.last = None  # the active driver ``nvidia`` describes
+        self.nvidia = False
+        # the compile settings JITFunction.run folds into the options on every call (by version)
+        names = [n for n in ("instrumentation_mode", "fpsan_homomorphic_casts") if hasattr(type(knobs.compilation), n)]
+        compilation, runtime = knobs.compilation, knobs.runtime
+        get = attrgetter(*names) if names else (lambda _: ())
+        self.state = lambda: (runtime.debug, get(compilation))
+
+    def refresh(self, d) -> None:
+        try:
+            self.nvidia = d.get_current_target().backend == "cuda"
+        except Exception:  # noqa: BLE001 - no usable target: Triton's own path reports it
+            self.nvidia = False
+        self.last = d
+
+
+_DRIVER: _Driver | None = None
+
+
+def _driver() -> _Driver:
+    global _DRIVER
+    if _DRIVER is None:
+        _DRIVER = _Driver()
+    return _DRIVER
+
+
+class BoundKernel:
+    """``launcher(grid, *args, **kw)``: launch ``kernel`` on ``grid`` like ``kernel[grid](*args,
+    **kw)``, through the kernel Triton chose for the call's launch key (module docstring)."""
+
+    __slots__ = ("kernel", "_plans", "_kept", "_tail_names", "_defaults")
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self._plans: dict = {}  # argument types -> (tensors getter, others getter)
+        # launch key -> (compiled launcher, function, packed metadata, tail)
+        self._kept: dict = {}
+        params = inspect.signature(kernel.fn).parameters
+        self._tail_names = list(params)
+        self._defaults = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
+
+    def __call__(self, grid, *args, **kwargs):
+        kernel = self.kernel
+        if not _ENABLED and not enabled():
+            return kernel[grid](*args, **kwargs)
+        drv = _DRIVER or _driver()
+        d = drv.driver.active
+        if d is not drv.last:
+            drv.refresh(d)
+        rt = drv.runtime
+        if not drv.nvidia or kernel.pre_run_hooks or not (_quiet(rt.launch_enter_hook) and _quiet(rt.launch_exit_hook)):
+            return kernel[grid](*args, **kwargs)
+        types = tuple(map(type, args))
+        plan = self._plans.get(types)
+        if plan is None:
+            plan = self._plan(types)
+        tensors = plan[0](args)
+        device = d.get_current_device()
+        # the plan stands for the argument types (one plan object per types tuple, kept while
+        # its keys are): hashing it is hashing an id
+        key = (device, plan, plan[1](args), *map(_DTYPE, tensors), *map(_LOW4, map(_ADDRESS, tensors)),
+               *kwargs.items(), *drv.state())
+        kept = self._kept.get(key)
+        if kept is None:
+            kept = self._keep(key, grid, args, kwargs)
+        launcher, function, metadata, tail = kept
+        n = len(grid)
+        launcher(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1,
+                 d.get_current_stream(device), function, metadata, None, None, None, *args, *tail)
+
+    def _plan(self, types: tuple):
+        tensors = [i for i, t in enumerate(types) if issubclass(t, _Tensor)]
+        others = [i for i, t in enumerate(types) if not issubclass(t, _Tensor)]
+        plan = (_getter(tensors), _getter(others))
+        if len(self._plans) >= 64:  # keys name plans: both go
+            self._plans.clear()
+            self._kept.clear()
+        self._plans[types] = plan
+        return plan
+
+    def _keep(self, key, grid, args, kwargs):
+        """Ask Triton for the kernel of this launch key (its own binding, cache and compile)."""
+        compiled = self.kernel.run(*args, grid=grid, warmup=True, **kwargs)
+        if hasattr(compiled, "result"):  # an asynchronous compile's future
+            compiled = compiled.result()
+        launcher = compiled.run  # loads the module: ``function`` is set from here on
+        # the parameters after the positional ones, as JITFunction.run passes them: given by
+        # keyword, else their defaults (a constexpr's default is its value)
+        tail = tuple(kwargs[n] if n in kwargs else self._defaults[n] for n in self._tail_names[len(args):])
+        kept = (launcher, compiled.function, compiled.packed_metadata, tail)
+        if len(self._kept) >= _KEYS:
+            for old in list(self._kept)[: _KEYS // 2]:
+                self._kept.pop(old, None)
+        self._kept[key] = kept
+        return kept
+
+    def forget(self) -> None:
+        """Drop every kept kernel (they are Triton's; its own cache still holds them)."""
+        self._kept.clear()
+        self._plans.clear()
+
+
+def bind(kernel):
+    """A ``launcher(grid, *args, **kw)`` for ``kernel``: a ``BoundKernel`` for a compiled Triton
+    kernel, a plain forwarder for the interpreter's functions."""
+    if not hasattr(kernel, "pre_run_hooks") or type(kernel).__name__ == "InterpretedFunction":
+        return lambda grid, *args, **kwargs: kernel[grid](*args, **kwargs)
+    return BoundKernel(kernel)

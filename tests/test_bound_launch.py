@@ -1,0 +1,71 @@
+"""The bound Triton launcher (``backends/triton/bound.py``) launches what Triton's own path
+launches: the same compiled kernel, grid, stream and arguments, for every launcher.  The checks
+run in a child process (``tests/bound_launch_check.py``: a stand-in driver that compiles for
+sm_90 on this CPU and records launches instead of making them); on a GPU, ``tests/test_gpu.py``
+compares the bytes both paths write."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+from dsv41.backends.triton import bound  # noqa: E402
+
+CHECK = Path(__file__).with_name("bound_launch_check.py")
+SAFE_PATH = ["-P"] if sys.version_info >= (3, 11) else []
+
+
+def _run(*args) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "DSV41_TRITON_SLOW_LAUNCH")}
+    proc = subprocess.run([sys.executable, *SAFE_PATH, str(CHECK), *args], env=env, capture_output=True,
+                          text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _tested_triton() -> bool:
+    return ".".join(triton.__version__.split(".")[:2]) in bound.TESTED_TRITON
+
+
+@pytest.mark.skipif(not _tested_triton(), reason=f"Triton {triton.__version__}: bound launches are off")
+def test_bound_launch_matches_triton_on_a_probe_kernel():
+    """Aligned and misaligned pointers, integers equal to 1, multiples of 16 and past int32,
+    bool / int / float positionals, constexprs given and defaulted, a launch option; a repeated
+    call finds its kept kernel; a launch hook or DSV41_TRITON_SLOW_LAUNCH=1 takes Triton's path."""
+    res = _run("unit")
+    assert res["failures"] == []
+    assert res["checks"] >= 28 and res["hits"] >= 14
+
+
+@pytest.mark.skipif(not _tested_triton(), reason=f"Triton {triton.__version__}: bound launches are off")
+def test_bound_launch_matches_triton_for_every_launcher():
+    """Every shared Triton launcher on the bench's inputs at 1, 17 and 64 tokens."""
+    res = _run("ops", "1", "17", "64")
+    assert res["failures"] == []
+    assert res["checks"] >= 60
+
+
+def test_untested_triton_takes_triton_path(monkeypatch):
+    monkeypatch.setattr(bound, "TESTED_TRITON", ())
+    monkeypatch.setattr(bound, "_ENABLED", None)
+    assert not bound.enabled()
+
+
+def test_interpreter_functions_are_forwarded():
+    """Under Triton's interpreter there is nothing to bind: the launcher is ``kernel[grid]``."""
+    calls = []
+
+    class Interp:
+        def __getitem__(self, grid):
+            return lambda *a, **k: calls.append((grid, a, k))
+
+    Interp.__name__ = "InterpretedFunction"
+    bound.bind(Interp())((3,), 1, X=2)
+    assert calls == [((3,), (1,), {"X": 2})]
