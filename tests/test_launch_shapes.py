@@ -194,6 +194,35 @@ def test_measured_shape_tiers():
     assert launch.measured({}, "op", 1) is None
 
 
+def test_cache_kernel_shapes_kept_per_size_class(monkeypatch):
+    """``cache_kernels._shape`` keeps the measured answer per size class: at every size it
+    equals a fresh lookup, a tuning override takes effect at once, and the defaults it falls
+    back to are read per call."""
+    pytest.importorskip("triton")
+    from dsv41.backends.triton import cache_kernels as CK
+    from dsv41.backends.triton import tuning
+
+    def fresh(kernel, variant, tokens):
+        hit = tuning.shape(f"{kernel}:{variant}", tokens)
+        if hit is not None:
+            return int(hit["BLOCK_T"]), int(hit["num_warps"])
+        return CK.CONFIG["block_t"][kernel], CK.CONFIG["num_warps"][kernel]
+
+    T, D = launch.TINY_T, launch.DECODE_T
+    keys = {tuple(k.split(":")[:2]) for k in tuning.TABLE if k.split(":")[0] in CK.CONFIG["block_t"]}
+    assert keys
+    for _ in range(2):  # the second pass reads what the first kept
+        for kernel, variant in keys:
+            variant = None if variant == "None" else int(variant) if variant.isdigit() else variant
+            for n in (1, T, T + 1, D, D + 1, 65536, None):
+                assert CK._shape(kernel, variant, n) == fresh(kernel, variant, n), (kernel, variant, n)
+    monkeypatch.setitem(tuning.OVERRIDES, "insert:528", {"BLOCK_T": 2, "num_warps": 1})
+    assert CK._shape("insert", 528, 1) == (2, 1)
+    monkeypatch.undo()
+    monkeypatch.setitem(CK.CONFIG["block_t"], "norm1", 3)
+    assert CK._shape("norm1", "other", 1)[0] == 3
+
+
 def test_every_measured_shape_cites_its_measurement():
     """Each entry of the one tuning table names the measurement it came from: a file under
     docs/measurements/ that exists, or says that none was kept."""

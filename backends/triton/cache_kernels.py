@@ -139,12 +139,25 @@ CONFIG = {
     # measured per-variant shapes: tuning.TABLE ("<kernel>:<variant>" keys)
 }
 
+_MEASURED_SHAPES: dict = {}  # (kernel, variant, size class) -> (BLOCK_T, num_warps) or None
+
+
 def _shape(kernel: str, variant, tokens: int | None = None) -> tuple[int, int]:
     """(BLOCK_T, num_warps) of one kernel for one record / mode and launch size: the measured
-    shape (``tuning``), else the defaults above."""
-    hit = tuning.shape(f"{kernel}:{variant}", tokens)
+    shape (``tuning``), else the defaults above.  The measured table is fixed, so its answer is
+    kept per size class (``launch.size_class``; looked up afresh while a tuning override is in
+    force); the defaults are read on every call (the GPU bench test varies them)."""
+    if tuning.OVERRIDES:
+        hit = tuning.shape(f"{kernel}:{variant}", tokens)
+        hit = None if hit is None else (int(hit["BLOCK_T"]), int(hit["num_warps"]))
+    else:
+        key = (kernel, variant, launch.size_class(tokens))
+        hit = _MEASURED_SHAPES.get(key, False)
+        if hit is False:
+            m = tuning.shape(f"{kernel}:{variant}", tokens)
+            hit = _MEASURED_SHAPES[key] = None if m is None else (int(m["BLOCK_T"]), int(m["num_warps"]))
     if hit is not None:
-        return int(hit["BLOCK_T"]), int(hit["num_warps"])
+        return hit
     return CONFIG["block_t"][kernel], CONFIG["num_warps"][kernel]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import os
 
+import torch
 import triton
 import triton.language as tl
 
@@ -34,6 +35,14 @@ def measured(table: dict, key: str, tokens: int | None):
     return table.get(key)
 
 
+def size_class(tokens: int | None):
+    """The classes ``measured`` tells apart: None (no size given), 0 (at most TINY_T tokens),
+    1 (at most DECODE_T), 2 (larger)."""
+    if tokens is None:
+        return None
+    return 0 if tokens <= TINY_T else 1 if tokens <= DECODE_T else 2
+
+
 def decode_pdl(device, tokens: int) -> bool:
     """PDL for a launch of at most DECODE_T tokens (rows) on ``device`` (``pdl``): the
     launch latency is what such a launch costs, and PDL hides it behind the kernel before."""
@@ -46,13 +55,12 @@ def pdl(device) -> bool:
     launched that way may be scheduled while the kernel before it in the stream finishes; it
     calls ``gdc_wait()`` before touching memory, so it still sees everything that kernel
     wrote, and only the launch latency overlaps.  ``DSV41_PDL=0`` turns it off."""
-    if device.type != "cuda" or not conversions.pdl_allowed() or os.environ.get("DSV41_PDL", "1") == "0":
+    if device.type != "cuda" or torch.version.hip is not None or not conversions.pdl_allowed():
         return False
-    import torch
-
-    if torch.version.hip is not None:
+    if os.environ.get("DSV41_PDL", "1") == "0":
         return False
-    return _pdl_capable(device.index if device.index is not None else torch.cuda.current_device())
+    index = device.index
+    return _pdl_capable(index if index is not None else torch.cuda.current_device())
 
 
 @functools.lru_cache(maxsize=None)
@@ -61,8 +69,6 @@ def _pdl_capable(index: int) -> bool:
         from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
     except ImportError:
         return False
-    import torch
-
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
