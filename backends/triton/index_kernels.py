@@ -150,6 +150,9 @@ def _global_topk_kernel(
     # round trip at the end of the kernel
     valid = tl.load(valid_ptr + rows64 * s_valid, mask=rmask, other=0)
     count = tl.full([BLOCK_R], 0, tl.int32)
+    # without compaction the valid entries are counted per lane and summed across the program
+    # once, after the loop (a cross-warp sum costs two barriers; once per step is not needed)
+    lane_hits = tl.full([BLOCK_R, BLOCK_C], 0, tl.int32)
     for k0 in range(0, K, BLOCK_C):
         cols = k0 + tl.arange(0, BLOCK_C)
         m = rmask[:, None] & (cols < K)[None, :]
@@ -164,9 +167,12 @@ def _global_topk_kernel(
             # plus those before it in this one (an exclusive prefix sum), so order is kept
             dst = count[:, None] + _rcumsum(hits, axis=1) - hits
             tl.store(out_ptr + rows64[:, None] * s_out0 + dst.to(tl.int64) * s_out1, out, mask=m & ok)
+            count += _rsum(hits, axis=1)
         else:
             tl.store(out_ptr + rows64[:, None] * s_out0 + cols64 * s_out1, out, mask=m)
-        count += _rsum(hits, axis=1)
+            lane_hits += hits
+    if not COMPACT:
+        count = _rsum(lane_hits, axis=1)
     if COMPACT:
         # −1 after the valid entries: only now is the row's count known, and this pass
         # writes exactly the columns the first one left, so no column is written twice
