@@ -91,6 +91,7 @@ FULL_ONLY = {
     "test_rope_288_every_swept_shape": "every swept launch shape in the interpreter",
     "test_inv_rope_split_rows": "inverse-RoPE row splits in the interpreter (~30 s per implementation)",
     "test_bound_launch_matches_triton_for_every_launcher": "every Triton launcher compiled for sm_90 (~30 s)",
+    "test_row_builder_swept_shapes": "56 launch shapes x every case of two row builders, interpreted (~30 s)",
 }
 # Where the interpreter slice takes one case of an op, take this one (the op's cheapest there).
 FAST_PREFERRED = {"t1-decode", "inv_rope_noquant"}

@@ -234,3 +234,30 @@ def test_every_measured_shape_cites_its_measurement():
     for key, m in tuning.TABLE.items():
         assert m.shape and all(isinstance(v, int) for v in m.shape.values()), key
         assert (root / m.source).is_file() or "no file kept" in m.source, (key, m.source)
+
+
+def _row_builder_shapes():
+    from dsv41.backends.triton.sweep import SPACES
+
+    return [(op, shape) for op in ("combine_topk_swa_indices", "build_flashinfer_mixed_sparse_indices")
+            for shape in SPACES[op][1]]
+
+
+@pytest.mark.parametrize("op,shape", _row_builder_shapes(),
+                         ids=lambda v: v if isinstance(v, str) else "x".join(map(str, v.values())))
+@pytest.mark.parametrize("impl", TRITON_IMPLS[:1] or [None], ids=[i.name for i in TRITON_IMPLS[:1]] or ["none"])
+def test_row_builder_swept_shapes(impl, op, shape, monkeypatch):
+    """Every launch shape the sweep may pick for the combine and FlashInfer row builders writes
+    the reference's bytes on every conformance case of the op (one Triton implementation: the
+    index kernels have no vendor switch)."""
+    from dsv41.backends.triton import tuning
+
+    if impl is None:
+        pytest.skip("no Triton implementation runs here (GPU or TRITON_INTERPRET=1)")
+    monkeypatch.setattr(launch, "DECODE_T", 0)
+    monkeypatch.setitem(tuning.OVERRIDES, op, dict(shape))
+    for case in (c for c in CASES if c.op == op):
+        args = case.build("cpu")
+        want = clone_args(args)
+        ReferenceBackend().load(case.op)(*want)
+        _run_and_compare(impl, case, args, want, f"{case.id} {shape}: ")
