@@ -86,11 +86,17 @@ def fused_indexer_q_rope_quant(
     dev = index_q.device
     if use_fp4:
         q = torch.empty(t, h, d // 2, dtype=torch.uint8, device=dev)
-        scale = torch.empty(t, h, d // MXFP4_BLOCK_SIZE, dtype=torch.uint8, device=dev)
+        # the scale bytes as the int32 words vLLM's API returns, [T, H] for D = 128: the kernels
+        # take either form (formats.scale_byte_strides), so no dtype view and squeeze per call
+        words = d // (4 * MXFP4_BLOCK_SIZE)
+        if words == 1:
+            scale = torch.empty(t, h, dtype=torch.int32, device=dev)
+        else:
+            scale = torch.empty(t, h, words, dtype=torch.int32, device=dev)
         w = torch.empty(t, h, dtype=weights_out_dtype, device=dev)
         if t > 0:
             _ops.fused_indexer_q_rope_quant(positions, index_q, index_q_cos_sin_cache, index_weights, ss, hs, True, False, q, scale, w)
-        return (q, scale.view(torch.int32).squeeze(-1)), w
+        return (q, scale), w
     if fp8_dtype is None:
         fp8_dtype = _platform.probe().fp8_flavour.dtype
     q = torch.empty(t, h, d, dtype=fp8_dtype, device=dev)

@@ -47,3 +47,30 @@ def test_conformance(case, impl):
         if w.numel() != g.numel() or not torch.equal(w, g):
             problems.append(_mismatch_report(f"arg {i}", g, w))
     assert not problems, "; ".join(problems)
+
+
+MXFP4_Q = [c for c in CASES if c.op == "fused_indexer_q_rope_quant" and c.id.split("[")[-1].startswith("mxfp4")]
+
+
+@pytest.mark.parametrize("case", MXFP4_Q, ids=[c.id for c in MXFP4_Q])
+@pytest.mark.parametrize("impl", IMPLS, ids=[i.name for i in IMPLS])
+def test_indexer_q_scale_as_int32_words(case, impl):
+    """The MXFP4 indexer Q's scale output may be the uint8 [T, H, D/32] codes or the same bytes
+    as int32 words ([T, H] for D = 128, vLLM's return form, which the public function
+    allocates): every implementation writes the reference's bytes into both."""
+    why = impl.skip_reason(case.op)
+    if why:
+        pytest.skip(why)
+    args = case.build("cpu")
+    want = clone_args(args)
+    REF.load(case.op)(*want)
+    t, h, nb = args[9].shape
+    words = torch.full((t, h) if nb == 4 else (t, h, nb // 4), -1, dtype=torch.int32)
+    got = _on(impl.device, clone_args([*args[:9], words, *args[10:]]))
+    impl.kernel(case.op)(*got)
+    if impl.device not in ("cpu",):
+        getattr(torch, impl.device).synchronize()
+    g = got[9].cpu().contiguous().view(torch.uint8).reshape(-1)
+    assert torch.equal(g, want[9].contiguous().reshape(-1)), _mismatch_report("q_scale_out", g, want[9].reshape(-1))
+    for i in (8, 10):
+        assert torch.equal(written_bytes(got[i]).cpu(), written_bytes(want[i])), f"arg {i} differs"

@@ -27,6 +27,7 @@ import ctypes
 
 import torch
 
+from dsv41.core.formats import scale_byte_strides
 from dsv41.core.op_specs import spec
 
 from . import bounds
@@ -368,6 +369,18 @@ def save_ring_rows(rows, slot_mapping, state_cache) -> None:
 # ============================================================================ R §2
 
 
+def _scale_rows_ok(q_scale_out, D: int) -> bool:
+    """An MXFP4 scale output whose (token, head) rows of D/32 bytes are contiguous: uint8
+    [T, H, D/32], or int32 words [T, H] (D = 128) / [T, H, D/128]."""
+    if q_scale_out.dtype == torch.uint8:
+        return q_scale_out.dim() == 3 and q_scale_out.stride(2) == 1
+    if q_scale_out.dtype == torch.int32:
+        if q_scale_out.dim() == 2:
+            return D == 128
+        return q_scale_out.dim() == 3 and q_scale_out.stride(2) == 1
+    return False
+
+
 def fused_indexer_q_rope_quant(
     positions, index_q, cos_sin_cache, index_weights, softmax_scale, head_scale, use_fp4, use_fnuz,
     q_out, q_scale_out, weights_out,
@@ -387,7 +400,7 @@ def fused_indexer_q_rope_quant(
     if ok and use_fp4:
         ok = (
             D % 32 == 0 and q_out.dtype == torch.uint8 and q_out.dim() == 3 and q_out.stride(2) == 1
-            and q_scale_out.dtype == torch.uint8 and q_scale_out.dim() == 3 and q_scale_out.stride(2) == 1
+            and _scale_rows_ok(q_scale_out, D)
         )
     elif ok:
         ok = q_out.element_size() == 1 and q_out.dim() == 3 and q_out.stride(2) == 1
@@ -401,7 +414,7 @@ def fused_indexer_q_rope_quant(
         bounds.reject("fused_indexer_q_rope_quant", [positions, index_q, cos_sin_cache], "positions")
     qo = q_out.view(torch.uint8)
     if use_fp4:
-        qs_args = (_ptr(q_scale_out), q_scale_out.stride(0), q_scale_out.stride(1))
+        qs_args = (_ptr(q_scale_out), *scale_byte_strides(q_scale_out))
     else:
         qs_args = (None, 0, 0)
     _fn("dsv41_fused_indexer_q_rope_quant")(

@@ -43,6 +43,8 @@ import struct
 
 import torch
 
+from dsv41.core.formats import scale_byte_strides
+
 from .cutedsl_gather import (
     FastLaunch,
     alignment,
@@ -508,8 +510,8 @@ def fused_indexer_q_rope_quant(
         alignment(q_ptr, q_s0, q_s1), alignment(cs_ptr, cs_s0), alignment(qo_ptr, qo_s0, qo_s1),
     )
     if fp4:
-        sos = q_scale_out.stride()
-        so_ptr, so_s0, so_s1 = q_scale_out.data_ptr(), sos[0], sos[1]
+        so_ptr = q_scale_out.data_ptr()
+        so_s0, so_s1 = scale_byte_strides(q_scale_out)
     else:
         so_ptr, so_s0, so_s1 = 0, 0, 0
     heads = T * H

@@ -35,6 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
+from dsv41.core.formats import scale_byte_strides
+
 from . import conversions, launch, tuning
 from .bound import bind
 from .reductions import _rmax, _rsum
@@ -364,8 +366,9 @@ def fused_indexer_q_rope_quant(
     out = q_out.view(torch.uint8)
     if use_fp4:
         assert D % 32 == 0 and nope % 32 == 0
-        sc = q_scale_out
-        sc_strides = (sc.stride(0), sc.stride(1))
+        # the kernel addresses bytes; int32 words (vLLM's return form) are viewed as them
+        sc = q_scale_out if q_scale_out.dtype == torch.uint8 else q_scale_out.view(torch.uint8)
+        sc_strides = scale_byte_strides(q_scale_out)
     else:
         sc, sc_strides = out, (0, 0)  # q_scale_out is empty in the FP8 path
     wo_bf16 = weights_out.dtype == torch.bfloat16

@@ -41,6 +41,7 @@ __all__ = [
     "V41_BYTES_PER_TOKEN",
     "V41_NVFP4_BYTES_PER_TOKEN",
     "MXFP4_BLOCK_SIZE",
+    "scale_byte_strides",
     "CacheLayout",
     "V41_LAYOUTS",
     "DEFAULT_V41_LAYOUT",
@@ -122,6 +123,14 @@ V4_BYTES_PER_TOKEN = V4_FP8.width
 V41_BYTES_PER_TOKEN = V41_MXFP8.width
 V41_NVFP4_BYTES_PER_TOKEN = V41_NVFP4.width
 MXFP4_BLOCK_SIZE = 32
+
+
+def scale_byte_strides(q_scale_out) -> tuple[int, int]:
+    """(token, head) strides in bytes of the MXFP4 indexer-Q scale output: ``uint8 [T, H, D/32]``
+    ue8m0 codes, or the same bytes as int32 words (``[T, H]`` for D = 128, ``[T, H, D/128]``),
+    the form vLLM's API returns.  Each (token, head)'s D/32 bytes are contiguous in both."""
+    es = q_scale_out.element_size()
+    return q_scale_out.stride(0) * es, q_scale_out.stride(1) * es
 # ROCm's tiled ("SHUFFLE") indexer layout: tiles of 16 tokens x 16 bytes.
 TILE = 16
 

@@ -258,7 +258,10 @@ def fused_indexer_q_rope_quant(
         # §2.3: per-32 blocks (§1.8); weights_out = RN32(RN32(w·S)·Hs), no q scale.
         packed, scales = _mxfp4_blocks(x)
         q_out.copy_(packed)
-        q_scale_out.copy_(scales)
+        if q_scale_out.dtype == torch.uint8:
+            q_scale_out.copy_(scales)
+        else:  # the same bytes as int32 words (formats.scale_byte_strides)
+            q_scale_out.copy_(scales.contiguous().view(q_scale_out.dtype).reshape(q_scale_out.shape))
         weights_out.copy_((w * s_scale) * h_scale)  # a bf16 weights_out rounds RNE
         return
 

@@ -22,6 +22,13 @@ Host time: wall time of ``--host-calls`` back-to-back eager calls at 64 tokens, 
 
     python tests/vllm_gpu/side_by_side.py --archive .device/vllm033-ops.tar.xz --out $OUT
     TRITON_INTERPRET=1 python tests/vllm_gpu/side_by_side.py --smoke   # CPU, tiny sizes
+    python tests/vllm_gpu/side_by_side.py --stand-in-driver --out DIR  # CPU, host time only
+
+``--stand-in-driver`` (a CPU without a GPU): both sides' Triton kernels are compiled for sm_90 by
+the recording driver of tests/bound_launch_check.py, which launches nothing, and dsv41's public
+functions are pointed at its cuda:triton kernels for CPU tensors.  No bytes are compared and no
+device time is taken: what is measured is each side's host work per eager call (Python, Triton's
+launch path or the bound launcher), less the compiled launcher's C code, on the same CPU.
 
 Writes ``vllm_side_by_side.json`` and ``vllm_side_by_side.txt`` to ``--out``; exits 1 when a
 compared pair's bytes differ or a call fails.  Not a pytest module (tests/run.sh never runs it).
@@ -192,6 +199,7 @@ class Timer:
     def __init__(self, torch, device, iters: int, host_calls: int):
         self.torch, self.device, self.iters, self.host_calls = torch, device, iters, host_calls
         self.cuda = device.type == "cuda"
+        self.stand_in = False
         self.flush = None
         if self.cuda:
             l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
@@ -247,7 +255,7 @@ def run_side(torch, side: str, funcs: dict, sizes, timer, device, keep: dict, ro
             continue
         for tokens in sizes:
             row = rows.setdefault((label, tokens), {"op": label, "vllm_name": f"{case[1]}.{case[2]}", "tokens": tokens})
-            if case[6] or label in SMOKE_SKIP and device.type == "cpu":
+            if case[6] or label in SMOKE_SKIP and device.type == "cpu" and not timer.stand_in:
                 row["skipped"] = case[6] or f"Triton's interpreter cannot run it ({SMOKE_SKIP[label]})"
                 continue
             if row.get("error") or label not in funcs:
@@ -255,6 +263,12 @@ def run_side(torch, side: str, funcs: dict, sizes, timer, device, keep: dict, ro
             fn = funcs[label]
             try:
                 args, kwargs = build_args(torch, case, tokens, device)
+                if timer.stand_in:  # nothing is launched: host time only
+                    row[f"{side}_host_us"] = timer.host_us(lambda: fn(*args, **kwargs))
+                    row["note"] = "stand-in driver: no launches, host time only"
+                    del args, kwargs
+                    print(f"  {side:5s} {label:28s} {tokens:6d}", flush=True)
+                    continue
                 result = fn(*args, **kwargs)
                 timer.sync()
                 got = [as_bytes(torch, t).clone() for t in tensors_of(torch, args, kwargs, result)]
@@ -319,8 +333,10 @@ def main(argv=None) -> int:
     p.add_argument("--host-calls", type=int, help="back-to-back calls for host time (default 200; --smoke: 3)")
     p.add_argument("--only", nargs="+", help="only the ops whose label contains one of these")
     p.add_argument("--smoke", action="store_true", help="CPU, Triton's interpreter (TRITON_INTERPRET=1), tiny sizes")
+    p.add_argument("--stand-in-driver", action="store_true",
+                   help="CPU: kernels compiled for sm_90, nothing launched, host time only")
     a = p.parse_args(argv)
-    sizes = a.tokens or ([1, 5] if a.smoke else [1, 64, 65536])
+    sizes = a.tokens or ([1, 5] if a.smoke else [1, 64] if a.stand_in_driver else [1, 64, 65536])
     iters = a.iters or (2 if a.smoke else 50)
     host_calls = a.host_calls or (3 if a.smoke else 200)
 
@@ -332,11 +348,21 @@ def main(argv=None) -> int:
 
         enable_exact_interpreter()
 
+    if a.stand_in_driver:
+        if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+            p.error("--stand-in-driver compiles the kernels: unset TRITON_INTERPRET")
+        sys.path.insert(0, str(ROOT / "tests"))
+        import bound_launch_check
+
+        bound_launch_check._install()
+        bound_launch_check._recording[0] = False
+
     import torch
 
-    device = torch.device("cuda" if torch.cuda.is_available() and not a.smoke else "cpu")
-    if device.type == "cpu" and not a.smoke:
-        p.error("no CUDA GPU here (use --smoke with TRITON_INTERPRET=1 on a CPU)")
+    cpu_only = a.smoke or a.stand_in_driver
+    device = torch.device("cuda" if torch.cuda.is_available() and not cpu_only else "cpu")
+    if device.type == "cpu" and not cpu_only:
+        p.error("no CUDA GPU here (use --smoke with TRITON_INTERPRET=1, or --stand-in-driver, on a CPU)")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stand_in = Path(tempfile.mkdtemp(prefix="vllm033-stand-in-"))
@@ -355,6 +381,7 @@ def main(argv=None) -> int:
     logging.getLogger("dsv41.vllm").setLevel(logging.INFO)
 
     timer = Timer(torch, device, iters, host_calls)
+    timer.stand_in = a.stand_in_driver
     rows, keep = {}, {}
     before = {c[0]: resolve(c[1], c[2]) for c in CASES}
     print(f"vLLM {vllm.__version__} stand-in at {stand_in}; device {device}")
@@ -382,12 +409,23 @@ def main(argv=None) -> int:
         for tokens in sizes:
             rows.setdefault((label, tokens), {"op": label, "tokens": tokens})["error"] = f"not routed: {why}"
     print(f"plugin: {how}")
+    if a.stand_in_driver:
+        # CPU tensors, NVIDIA kernels: each op's eager call object runs cuda:triton for "cpu"
+        from dsv41.backends.cuda import CudaTritonBackend
+        from dsv41.core import _calls
+        from dsv41.core.registry import OPS
+
+        triton_backend = CudaTritonBackend()
+        for op in OPS:
+            if op in triton_backend.kernels:
+                getattr(_calls.ops, op).kernels[device] = triton_backend.load(op)
     run_side(torch, "dsv41", after, sizes, timer, device, keep, rows, a.only)
 
     ordered = list(rows.values())
     bad = [r for r in ordered if not r.get("skipped") and (r.get("error") or r.get("bytes_equal") is False)]
     info = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda"
+        else "cpu (stand-in driver: sm_90 builds, no launches)" if a.stand_in_driver else "cpu (Triton interpreter)",
         "torch": torch.__version__,
         "triton": importlib.import_module("triton").__version__,
         "dsv41": importlib.import_module("dsv41").__version__,
