@@ -736,11 +736,12 @@ def quantize_and_insert_k_cache(k, k_cache, slot_mapping, block_size, use_fnuz, 
     v41 = bytes_per_token == 528
     BT, NW = _shape("insert", bytes_per_token, T)
     page_stride = k_cache.stride(0)
-    pdl = launch.decode_pdl(k_cache.device, T)
+    dev = k_cache.device
+    pdl = launch.decode_pdl(dev, T)
     _quant_insert_launch((launch.cdiv(T, BT),),
         k, k.stride(0), k_cache, page_stride, slot_mapping, T, k_cache.shape[0] * block_size, block_size,
-        **_geometry(bytes_per_token), HAS_TAIL=not v41, TAIL_I16=_align(k_cache, page_stride) >= 2,
-        FNUZ=bool(use_fnuz), SOFT=_soft(k_cache), EXACT_LOG2=_exact_log2(),
+        **_geometry(bytes_per_token), HAS_TAIL=not v41, TAIL_I16=(k_cache.data_ptr() | page_stride) % 2 == 0,
+        FNUZ=bool(use_fnuz), SOFT=conversions.integer_path(dev), EXACT_LOG2=_exact_log2(),
         BLOCK_T=BT, PDL=pdl, INTERLEAVED=bool(interleaved), num_warps=NW, **launch.pdl_kwargs(pdl),
     )
 
@@ -849,13 +850,15 @@ def dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_tab
     BT, NW = _shape("gather", rec, rows * R)
     workers = max(1, min(launch.cdiv(rows, BT), launch.cdiv(CONFIG["gather_programs"], R)))
     page_stride = k_cache.stride(0)
-    pdl = launch.decode_pdl(out.device, rows * R)
+    dev = out.device
+    pdl = launch.decode_pdl(dev, rows * R)
     _gather_launch((R, workers),
         out, out.stride(0), out.stride(1), k_cache, page_stride, seq_lens,
         gather_lens if gather_lens is not None else seq_lens,
         block_table, block_table.stride(0), block_table.shape[1], k_cache.shape[0], block_size, offset, rows,
-        REC=int(rec), **_geometry(rec), HAS_GL=gather_lens is not None, TAIL_I16=_align(k_cache, page_stride) >= 2,
-        FNUZ=bool(use_fnuz), SOFT=_soft(k_cache), BLOCK_T=BT, PDL=pdl,
+        REC=int(rec), **_geometry(rec), HAS_GL=gather_lens is not None,
+        TAIL_I16=(k_cache.data_ptr() | page_stride) % 2 == 0,
+        FNUZ=bool(use_fnuz), SOFT=conversions.integer_path(dev), BLOCK_T=BT, PDL=pdl,
         INTERLEAVED=bool(interleaved), num_warps=NW, **launch.pdl_kwargs(pdl),
     )
 
@@ -1043,21 +1046,25 @@ def rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, 
         mode = _MODE_BF16
     else:
         mode = _MODE_FP8
-    cache = kv_cache.view(torch.uint8)  # byte offsets for every record
+    # byte offsets for every record
+    cache = kv_cache if mode <= _MODE_288 else kv_cache.view(torch.uint8)
     page_stride, row_stride = cache.stride(0), cache.stride(1)
     # one 4-byte word per latent pair where the rows are 4-byte aligned (the latent is
     # contiguous, so only an odd storage offset is not)
     words = (latent.data_ptr() % 4 == 0 and latent.stride(0) % 2 == 0
              and latent.storage_offset() % 2 == 0)
     lat = latent.view(torch.int32) if words else latent.view(torch.int16)
-    pdl = launch.decode_pdl(kv_cache.device, T)
+    dev = kv_cache.device
+    soft, ptx = conversions.paths(dev)
+    pdl = launch.decode_pdl(dev, T)
     BT, NW = _shape("rope", _ROPE_VARIANTS[mode], T)
     _rope_quant_insert_launch((launch.cdiv(T, BT),),
         lat, lat.stride(0), positions, cos_sin_cache, cos_sin_cache.stride(0), cos_sin_cache.shape[0],
         cache, page_stride, row_stride, slot_mapping,
         fp8_scale if fp8_scale is not None else slot_mapping, T, kv_cache.shape[0] * B, B,
         CR=int(compress_ratio), MODE=mode, SANITIZE=bool(sanitize_nans), WORDS=words,
-        ALIGN=_align(cache, page_stride, row_stride), SOFT=_soft(kv_cache), PTX=_ptx(kv_cache),
+        ALIGN=_align(cache, page_stride, row_stride), SOFT=soft,
+        PTX=ptx and CONFIG["ptx_pairs"] is not False,
         EXACT_LOG2=_exact_log2(), BLOCK_T=BT, PDL=pdl, ROPE_WORDS=bool(CONFIG["rope288_words"]),
         INTERLEAVED=bool(interleaved), **_record_bytes(kv_cache.shape[-1] if mode <= _MODE_288 else 0),
         num_warps=NW, **launch.pdl_kwargs(pdl),
@@ -1199,14 +1206,15 @@ def indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, rms_norm_weight, 
         return
     fp4 = bool(use_fp4_cache)
     BT, NW = _shape("indexer", "mxfp4" if fp4 else "fp8", T)
-    pdl = launch.decode_pdl(k_cache.device, T)
+    dev = k_cache.device
+    pdl = launch.decode_pdl(dev, T)
     _indexer_k_launch((launch.cdiv(T, BT),),
         k_pre, k_pre.stride(0), positions, cos_sin_cache, cos_sin_cache.stride(0), cos_sin_cache.shape[0],
         rms_norm_weight, float(rms_norm_eps), k_cache, k_cache.stride(0), kv_slot_mapping, T,
         k_cache.shape[0] * k_cache.shape[1], k_cache.shape[1],
         CR=int(compress_ratio), FP4=fp4, TILED=bool(tiled),
         NPT=int(mxfp4_n_per_tile) if (fp4 and tiled) else 16,
-        SOFT=_soft(k_cache), EXACT_LOG2=_exact_log2(), BLOCK_T=BT, PDL=pdl,
+        SOFT=conversions.integer_path(dev), EXACT_LOG2=_exact_log2(), BLOCK_T=BT, PDL=pdl,
         num_warps=NW, **launch.pdl_kwargs(pdl),
     )
 

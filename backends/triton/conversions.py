@@ -21,14 +21,18 @@ import contextvars
 
 import torch
 
-__all__ = ["forced", "portable", "integer_path", "ptx", "pdl_allowed", "PATHS"]
+__all__ = ["forced", "portable", "integer_path", "ptx", "paths", "pdl_allowed", "PATHS"]
 
 PATHS = ("integer", "hardware")
 _FORCED: contextvars.ContextVar = contextvars.ContextVar("dsv41_triton_conversion_path", default=None)
 
 
+# a ROCm build of PyTorch names its GPUs "cuda" too; fixed for the process (read per launch)
+_ROCM_TORCH = torch.version.hip is not None
+
+
 def _nvidia(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.version.hip is None
+    return device.type == "cuda" and not _ROCM_TORCH
 
 
 def integer_path(device: torch.device) -> bool:
@@ -43,6 +47,14 @@ def ptx(device: torch.device) -> bool:
     """Whether a launch on ``device`` may use inline PTX (the paired converts / encoders): an
     NVIDIA GPU on the hardware path (never the interpreter, which cannot run PTX)."""
     return _nvidia(device) and not integer_path(device)
+
+
+def paths(device: torch.device) -> tuple[bool, bool]:
+    """``(integer_path(device), ptx(device))`` in one look (a launcher asks for both)."""
+    path = _FORCED.get()
+    nvidia = _nvidia(device)
+    integer = path == "integer" if path is not None else not nvidia
+    return integer, nvidia and not integer
 
 
 def pdl_allowed() -> bool:

@@ -55,7 +55,7 @@ def pdl(device) -> bool:
     launched that way may be scheduled while the kernel before it in the stream finishes; it
     calls ``gdc_wait()`` before touching memory, so it still sees everything that kernel
     wrote, and only the launch latency overlaps.  ``DSV41_PDL=0`` turns it off."""
-    if device.type != "cuda" or torch.version.hip is not None or not conversions.pdl_allowed():
+    if device.type != "cuda" or conversions._ROCM_TORCH or not conversions.pdl_allowed():
         return False
     if os.environ.get("DSV41_PDL", "1") == "0":
         return False
