@@ -11,9 +11,9 @@ that keeps, per *launch key*, the ``CompiledKernel`` Triton itself chose for tha
 its compiled launcher directly.  The key holds everything Triton's choice depends on, and more:
 
 * the current device (Triton keeps its compiled kernels per current device);
-* each positional argument's type; for a tensor its dtype and whether its address is a multiple
-  of 16 (the only property of a tensor Triton's NVIDIA specialization reads); any other value
-  itself (an integer's exact value decides more than Triton's ``== 1`` / ``% 16`` / range);
+* each positional argument's type; for a tensor its dtype and its address mod 16 (Triton's
+  NVIDIA specialization reads a tensor's dtype and whether that is 0, nothing else); any other
+  value itself (an integer's exact value decides more than Triton's ``== 1`` / ``% 16`` / range);
 * the keyword arguments (constexprs and launch options) as given;
 * Triton's compile settings that ``JITFunction.run`` reads per call (debug, instrumentation).
 
@@ -139,8 +139,9 @@ def _driver() -> _Driver:
 
 
 class BoundKernel:
-    """``launcher(grid, *args, **kw)``: launch ``kernel`` on ``grid`` like ``kernel[grid](*args,
-    **kw)``, through the kernel Triton chose for the call's launch key (module docstring)."""
+    """``launcher(grid, *args, **kw)``: launch ``kernel`` on ``grid`` (a tuple of 1-3 ints, as every
+    launcher passes) like ``kernel[grid](*args, **kw)``, through the kernel Triton chose for the
+    call's launch key (module docstring)."""
 
     __slots__ = ("kernel", "_plans", "_kept", "_tail_names", "_defaults")
 
