@@ -9,6 +9,8 @@ tile edges).  Runs wherever a Triton implementation runs: on a GPU, or in the in
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -261,3 +263,22 @@ def test_row_builder_swept_shapes(impl, op, shape, monkeypatch):
         want = clone_args(args)
         ReferenceBackend().load(case.op)(*want)
         _run_and_compare(impl, case, args, want, f"{case.id} {shape}: ")
+
+
+def test_conversion_paths_in_one_look(monkeypatch):
+    """``conversions.paths`` answers what ``integer_path`` and ``ptx`` answer, for every device
+    kind, forced path and PyTorch flavour (a ROCm build names its GPUs "cuda" too)."""
+    pytest.importorskip("triton")
+    from dsv41.backends.triton import conversions
+
+    devices = [torch.device("cpu"), torch.device("cuda", 0), torch.device("xpu", 0)]
+    for rocm in (False, True):
+        monkeypatch.setattr(conversions, "_ROCM_TORCH", rocm)
+        for forced in (None, "integer", "hardware"):
+            ctx = conversions.forced(forced) if forced else contextlib.nullcontext()
+            with ctx:
+                for d in devices:
+                    assert conversions.paths(d) == (conversions.integer_path(d), conversions.ptx(d)), (rocm, forced, d)
+    monkeypatch.setattr(conversions, "_ROCM_TORCH", False)
+    assert conversions.paths(torch.device("cuda", 0)) == (False, True)
+    assert conversions.paths(torch.device("cpu")) == (True, False)
