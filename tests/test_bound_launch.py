@@ -69,3 +69,25 @@ def test_interpreter_functions_are_forwarded():
     Interp.__name__ = "InterpretedFunction"
     bound.bind(Interp())((3,), 1, X=2)
     assert calls == [((3,), (1,), {"X": 2})]
+
+
+def test_every_triton_launch_is_bound():
+    """No launcher of the shared Triton kernels calls ``kernel[grid](...)`` itself: each launches
+    through its ``bind(kernel)`` launcher (a new kernel left on Triton's path would still work,
+    only slower on the host)."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1] / "backends" / "triton"
+    direct = []
+    for path in sorted(root.glob("*.py")):
+        if path.name in ("sweep.py", "aot.py", "sass.py"):  # tools: compile, never launch per call
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id.endswith("_kernel")):
+                direct.append(f"{path.name}:{node.lineno} {node.func.value.id}[...](...)")
+    assert direct == [], direct
+    bound_names = {n for p in root.glob("*.py") for n in ast.parse(p.read_text()).body
+                   if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+                   and getattr(n.value.func, "id", None) == "bind"}
+    assert len(bound_names) >= 15
