@@ -44,10 +44,10 @@ __all__ = [
 _NUM_WARPS = 4
 _TILE = 4096  # int32 elements per program and column step (16 KiB read + 16 KiB written)
 
-# Launch-shape overrides per op name (absent: the heuristics below), e.g.
+# Launch-shape overrides per op name (absent: the measured shapes of ``tuning.TABLE`` above
+# decode sizes, else the heuristics below), e.g.
 # TUNE["compute_global_topk_indices_and_lens"] = {"BLOCK_R": 1, "BLOCK_C": 2048, "num_warps": 8}.
-# The one override table of ``tuning`` (no measured entries: the heuristics are the measured
-# choice, docs/performance.md).
+# The one override table of ``tuning``.
 TUNE: dict = tuning.OVERRIDES
 
 
@@ -76,12 +76,27 @@ def _row_shape(op: str, rows: int, cols: int) -> tuple[int, int, int]:
     program, whole rows (up to 2048 columns) in one step, 8 warps: the work is a chain of
     dependent loads (index -> block table -> slot), and more programs with fewer elements
     per thread shorten it (H200, CUDA-graph replay at 8-64 rows: 3.8-8.7 us with the
-    bandwidth tiling, 2.2-2.7 us with this); above that the bandwidth tiling."""
+    bandwidth tiling, 2.2-2.7 us with this); above that the op's measured shape
+    (``tuning.TABLE``), else the bandwidth tiling."""
     if op in TUNE:
         return _cfg(op, 0, 0)
     if rows <= launch.DECODE_T:
         return 1, min(_pow2(cols), 2048), 8
+    m = tuning.TABLE.get(op)
+    if m is not None:
+        return m.shape["BLOCK_R"], m.shape["BLOCK_C"], m.shape["num_warps"]
     return (*_tile(rows, cols), _NUM_WARPS)
+
+
+def _measured_block_w(rows: int):
+    """The FlashInfer kernel's SWA step width from an override or, above decode sizes, its
+    measured shape; None: the launcher's default (the SWA width, at most BLOCK_C)."""
+    op = "build_flashinfer_mixed_sparse_indices"
+    cfg = TUNE.get(op)
+    if cfg is None and rows > launch.DECODE_T:
+        m = tuning.TABLE.get(op)
+        cfg = m.shape if m is not None else None
+    return (cfg or {}).get("BLOCK_W")
 
 
 def _table_strides(t: torch.Tensor) -> tuple[int, int, int, int]:
@@ -481,7 +496,7 @@ def build_flashinfer_mixed_sparse_indices(*args, **kwargs):
 
     block_r, block_c, warps = _row_shape("build_flashinfer_mixed_sparse_indices", D + P,
                                          max(W_swa, PT, 1))
-    block_w = (TUNE.get("build_flashinfer_mixed_sparse_indices") or {}).get("BLOCK_W") \
+    block_w = _measured_block_w(D + P) \
         or min(_pow2(max(W_swa, 1)), block_c)
     n_dec_tiles = launch.cdiv(D, block_r)
     grid = (n_dec_tiles + launch.cdiv(P, block_r),)

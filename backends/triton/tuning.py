@@ -34,6 +34,7 @@ def _m(source: str, **shape) -> Measured:
 
 
 _S2, _S3, _S5 = "h200-sweep-2.txt", "h200-sweep-3.txt", "h200-sweep-5.jsonl"
+_S11 = "h100-sweep-11-index-builders.jsonl"
 
 TABLE: dict = {
     # cache kernels (BLOCK_T tokens per program, num_warps)
@@ -73,6 +74,11 @@ TABLE: dict = {
     # the MXFP4 split path: 2.13 us at 64 tokens (8 warps: 2.25); at 65536 the heuristic shape
     # (1 x 64 heads, 4 warps) is the best, 0.77
     "fused_indexer_q_rope_quant:mxfp4:decode": _m(_S3, BLOCK_T=1, BLOCK_H=16, num_warps=4),
+    # index builders above decode sizes (decode sizes: one row per program, index_kernels._row_shape).
+    # H100 sweep at 65536 rows: combine 1.00 of copy (bandwidth tiling 8 x 1024 x 4 warps: 0.85),
+    # FlashInfer indices 0.87 (neighbours 0.85-0.87; the tiling: 0.57)
+    "combine_topk_swa_indices": _m(_S11, BLOCK_R=4, BLOCK_C=256, num_warps=8),
+    "build_flashinfer_mixed_sparse_indices": _m(_S11, BLOCK_R=2, BLOCK_C=256, BLOCK_W=128, num_warps=4),
 }
 
 OVERRIDES: dict = {}

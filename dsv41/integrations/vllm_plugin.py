@@ -131,12 +131,6 @@ KNOWN = {
                 "bytes may differ from vLLM 0.33.0 on NVIDIA GPUs: rare one-ulp e4m3 codes at scale "
                 "(vLLM's approximate rsqrt in the key's norm; set C, 2 codes in 65536 tokens)"
             ),
-            "fused_indexer_q_rope_quant": (
-                "bytes may differ from vLLM 0.33.0 until dsv41's GPU kernels have run set C (its 89 "
-                "codes at 65536 tokens, the RoPE contraction of vLLM's NVIDIA build, are reproduced "
-                "by the reference, cpu and the interpreted Triton kernel); vLLM's ROCm build fuses "
-                "the other product"
-            ),
         },
         keep={
             "can_fuse_query_quant": (

@@ -26,7 +26,6 @@ KEPT_0_33 = {
     f"{V41}.query_quant.fused_q_kv_rmsnorm_quant": "bytes may differ from vLLM 0.33.0",
     f"{V41}.fused_compress_quant_cache.fused_save_compress_norm": "bytes may differ from vLLM 0.33.0",
     f"{V41}.indexer_k_store.indexer_k_norm_rope_store": "bytes may differ from vLLM 0.33.0",
-    f"{V4}.fused_indexer_q.fused_indexer_q_rope_quant": "bytes may differ from vLLM 0.33.0",
     f"{V41}.query_quant.can_fuse_query_quant": "decides from vLLM's own layer",
     f"{V41}.query_quant.mxfp8_scale_offset": "vLLM's is a Triton device function",
     f"{V4}.cache_utils.combine_topk_swa_indices": "signature differs: dsv41 lacks parameter 'left_visible'",
