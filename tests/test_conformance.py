@@ -21,6 +21,22 @@ IMPLS = implementations()
 REF = ReferenceBackend()
 
 
+def _run_both(impl, case, args):
+    """(reference outputs, ``impl``'s outputs) of ``case`` on copies of ``args``; the device
+    copy keeps the same views (page padding, offsets)."""
+    want = clone_args(args)
+    REF.load(case.op)(*want)
+    return want, _run(impl, case, args)
+
+
+def _run(impl, case, args):
+    got = _on(impl.device, clone_args(args))
+    impl.kernel(case.op)(*got)
+    if impl.device not in ("cpu",):
+        getattr(torch, impl.device).synchronize()
+    return got
+
+
 def _mismatch_report(name, got, want):
     diff = (got != want).nonzero().flatten()
     return f"{name}: {diff.numel()} of {want.numel()} bytes differ, first at byte offsets {diff[:8].tolist()}"
@@ -33,12 +49,7 @@ def test_conformance(case, impl):
     if why:
         pytest.skip(why)
     args = case.build("cpu")
-    want = clone_args(args)
-    REF.load(case.op)(*want)
-    got = _on(impl.device, clone_args(args))  # same views (page padding, offsets) on the device
-    impl.kernel(case.op)(*got)
-    if impl.device not in ("cpu",):
-        getattr(torch, impl.device).synchronize()
+    want, got = _run_both(impl, case, args)
     problems = []
     for i in case.writes:
         if want[i] is None:
@@ -62,14 +73,11 @@ def test_indexer_q_scale_as_int32_words(case, impl):
     if why:
         pytest.skip(why)
     args = case.build("cpu")
-    want = clone_args(args)
-    REF.load(case.op)(*want)
     t, h, nb = args[9].shape
     words = torch.full((t, h) if nb == 4 else (t, h, nb // 4), -1, dtype=torch.int32)
-    got = _on(impl.device, clone_args([*args[:9], words, *args[10:]]))
-    impl.kernel(case.op)(*got)
-    if impl.device not in ("cpu",):
-        getattr(torch, impl.device).synchronize()
+    want = clone_args(args)  # the reference writes the uint8 codes
+    REF.load(case.op)(*want)
+    got = _run(impl, case, [*args[:9], words, *args[10:]])
     g = got[9].cpu().contiguous().view(torch.uint8).reshape(-1)
     assert torch.equal(g, want[9].contiguous().reshape(-1)), _mismatch_report("q_scale_out", g, want[9].reshape(-1))
     for i in (8, 10):

@@ -39,10 +39,12 @@ from __future__ import annotations
 
 import inspect
 import os
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 
 import torch
 import triton
+
+from dsv41.core.accepted_layouts import tuple_getter
 
 __all__ = ["bind", "BoundKernel", "TESTED_TRITON", "enabled"]
 
@@ -90,16 +92,6 @@ _HookChain = _hook_chain_type()
 def _quiet(chain) -> bool:
     """True for a launch hook that does nothing: None or an empty ``HookChain``."""
     return chain is None or (type(chain) is _HookChain and not chain.calls)
-
-
-def _getter(positions: list):
-    """A C-level ``values -> tuple(values[i] for i in positions)``."""
-    if len(positions) > 1:
-        return itemgetter(*positions)
-    if positions:
-        i = positions[0]
-        return lambda values: (values[i],)
-    return lambda values: ()
 
 
 class _Driver:
@@ -186,7 +178,7 @@ class BoundKernel:
     def _plan(self, types: tuple):
         tensors = [i for i, t in enumerate(types) if issubclass(t, _Tensor)]
         others = [i for i, t in enumerate(types) if not issubclass(t, _Tensor)]
-        plan = (_getter(tensors), _getter(others))
+        plan = (tuple_getter(tensors), tuple_getter(others))
         if len(self._plans) >= 64:  # keys name plans: both go
             self._plans.clear()
             self._kept.clear()

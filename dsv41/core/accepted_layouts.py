@@ -37,7 +37,7 @@ from operator import itemgetter
 
 import torch
 
-__all__ = ["AcceptedLayouts", "UNKEYED"]
+__all__ = ["AcceptedLayouts", "UNKEYED", "tuple_getter"]
 
 _Tensor = torch.Tensor
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
@@ -113,7 +113,7 @@ def _layout(values) -> tuple | None:
     return tuple(key)
 
 
-def _picker(positions: list):
+def tuple_getter(positions: list):
     """A C-level getter of ``values[i] for i in positions`` that always returns a tuple."""
     if len(positions) > 1:
         return itemgetter(*positions)
@@ -134,7 +134,7 @@ def _split(types: tuple):
             return None
         else:
             others.append(i)
-    return _picker(tensors), _picker(others)
+    return tuple_getter(tensors), tuple_getter(others)
 
 
 class AcceptedLayouts:
