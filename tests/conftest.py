@@ -81,7 +81,6 @@ if TIER not in ("fast", "full"):
     raise pytest.UsageError(f"DSV41_TEST_TIER must be 'fast' or 'full', got {TIER!r}")
 
 FULL_ONLY = {
-    "test_exp2_rn_every_input": "every float32 input through the interpreter (~4 min)",
     "test_torch_compile_fullgraph_pipeline": "torch.compile of the whole pipeline (~80 s)",
     "test_aot_builds": "ahead-of-time builds for four GPU targets (~2 min)",
     "test_compile_all": "CuTe DSL ahead-of-time builds",

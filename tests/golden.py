@@ -27,24 +27,10 @@ SET_FILES = {
 # Sets A and C come from vLLM's development snapshot, which keeps the V4.1 records' scales per
 # page; sets D and E from the released vLLM 0.33.0 (dsv41's default, interleaved records).
 SET_KWARGS = {"A": {"v41_layout": "paged"}, "C": {"v41_layout": "paged"}, "D": {}, "E": {}}
-# Set C: one-ulp differences dsv41's rounding rule does not reproduce yet (tests/vectors/README.md).
+# Sets or single cases with a known, explained difference (none at present: every set is
+# reproduced byte for byte; tests/vectors/README.md).
 KNOWN_DIFFERENT_SETS: dict = {}
-_RSQRT_EX2 = ("one-ulp rounding difference from vLLM at scale: the GPU's approximate rsqrt (RMSNorm) "
-              "{}, not reproduced")
-# Single cases with a known, explained difference (tests/vectors/README.md).
-KNOWN_DIFFERENT_CASES = {
-    ("C", "indexer_k_store_fp8_diff"): _RSQRT_EX2.format("of the key's norm"),
-    ("C", "save_compress_norm_cr1_diff"): _RSQRT_EX2.format("of the latent's norm"),
-    ("C", "save_compress_norm_cr2_diff"): _RSQRT_EX2.format("and ex2 (softmax pooling)"),
-    ("D", "q_kv_rmsnorm_quant_T130"): (
-        "one bf16 of kv differs: vLLM's GPU rsqrt.approx lands one fp32 step below the correctly "
-        "rounded 1/sqrt dsv41 uses, on a bf16 rounding tie"
-    ),
-    ("D", "save_compress_norm_cr2"): (
-        "one bf16 latent differs by one ulp: the set-C rounding difference (GPU approximate "
-        "ex2 / rsqrt), not yet reproduced"
-    ),
-}
+KNOWN_DIFFERENT_CASES: dict = {}
 
 
 def archive(set_name: str = "A") -> Path:

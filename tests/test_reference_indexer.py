@@ -433,12 +433,12 @@ def test_rope_canonical_contraction():
 
 
 def test_variance_summation_order():
-    """R §3.3 variance: the H200 Triton order (the spec leaves it open; see _sum_sq_128)."""
-    from dsv41.reference.indexer import _sum_sq_128
+    """R §3.3 variance: the H200 Triton order (the spec leaves it open; gpu_approx.tl_sum_sq)."""
+    from dsv41.core.gpu_approx import tl_sum_sq
 
     g = torch.Generator().manual_seed(6)
     k = (torch.randn(32, 128, generator=g) * torch.logspace(-4, 4, 128)).to(BF16).to(F32)
-    got = _sum_sq_128(k)
+    got = tl_sum_sq(k, warps=1, per_thread=4)
     differs_from_exact = 0
     for r in range(k.shape[0]):
         row = _row(k[r])

@@ -227,15 +227,11 @@ def _probe(x_ptr, out_ptr, n, OP: tl.constexpr, FNUZ: tl.constexpr, SOFT: tl.con
         y = CK._e4m3_decode(tl.load(x_ptr + offs, mask=m, other=0), FNUZ, SOFT)
     elif OP == 3:
         y = CK._bf16_bits(tl.load(x_ptr + offs, mask=m, other=0.0), SOFT)
-    elif OP == 4:
-        y = CK._exp2_rn(tl.load(x_ptr + offs, mask=m, other=0.0))
     elif OP == 5:
         y = CK._e2m1_code(tl.load(x_ptr + offs, mask=m, other=0.0)).to(tl.uint8)
-    elif OP == 7:
+    else:
         # e2m1 byte (code in the low nibble, junk in the high one) -> value * 2^-14
         y = CK._e2m1_half(tl.load(x_ptr + offs, mask=m, other=0).to(tl.int32) & 0xFF)
-    else:
-        y = CK._rsqrt_rn(tl.load(x_ptr + offs, mask=m, other=1.0))
     tl.store(out_ptr + offs, y, mask=m)
 
 
@@ -313,40 +309,53 @@ def test_bf16_bits(soft):
     assert torch.equal(got, exp)
 
 
-def test_exp2_rn():
-    """fl32(2^y) for y <= 0 (the exact ex2 of the reference, spec cache_ops §8.1)."""
-    g = torch.Generator().manual_seed(4)
-    y = torch.cat((-torch.rand(40000, generator=g) * 30, -torch.rand(4000, generator=g) * 160,
-                   torch.tensor([0.0, -0.0, -149.0, -150.0, -151.0, -200.0, -0.5, -1e-8])))
-    got = _run_probe(4, y.to(F32), F32)
-    exp = torch.exp2(y.to(F32).double()).float()
-    assert torch.equal(got.view(torch.int32), exp.view(torch.int32))
+def _approx_probe(x_ptr, out_ptr, n, rs_ptr, rc_ptr, e2_ptr, e2n_ptr, OP: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    """Interpreted probe of the table forms of the GPU's approximate primitives."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(x_ptr + offs, mask=m, other=1.0)
+    if OP == 0:
+        y = CK._rsqrt_approx(x, rs_ptr, False)
+    elif OP == 1:
+        y = CK._div_full(tl.full(x.shape, 1.0, tl.float32), x, rc_ptr, False)
+    else:
+        y = CK._exp_approx(x, e2_ptr, e2n_ptr, False)
+    tl.store(out_ptr + offs, y, mask=m)
 
 
-@pytest.mark.slow
-def test_exp2_rn_every_input():
-    """``_exp2_rn`` (its source, run by the interpreter with exact float64 fma) equals the
-    reference's fl32(exp2(float64 y)) for every one of the 1.1e9 fp32 y in [-151, -0] (~2 min on
-    two cores; the GPU build is checked the same way by tests/test_gpu_exhaustive.py)."""
-    lo, hi = 0x80000000, 0xC3170000  # -0.0 .. -151.0
-    chunk = 1 << 20  # the interpreter's largest block
-    bad = []
-    for s in range(lo, hi + 1, chunk):
-        y = (torch.arange(s, min(s + chunk, hi + 1), dtype=torch.int64) - (1 << 32)).to(torch.int32).view(F32)
-        got = _run_probe(4, y, F32)
-        exp = torch.exp2(y.double()).float()
-        diff = got.view(torch.int32) != exp.view(torch.int32)
-        if diff.any():
-            bad += y[diff][:4].view(torch.int32).tolist()
-    assert not bad, [hex(b & 0xFFFFFFFF) for b in bad]
+def _approx_inputs(op) -> torch.Tensor:
+    """Random bit patterns of every class, both signs, plus edges (0, subnormals, inf, NaN, the
+    ends of each table's domain, exp's -126 boundary and overflow)."""
+    g = torch.Generator().manual_seed(11 + op)
+    rnd = torch.randint(0, 1 << 32, (60000,), generator=g, dtype=torch.int64).to(torch.int32).view(F32)
+    edges = [0.0, -0.0, 1e-45, -1e-45, 1e-39, 1.1754944e-38, 1.0, 2.0, 3.9999998, 4.0, 0.5,
+             float("inf"), -float("inf"), float("nan"), 3.4028235e38, -1.0]
+    if op == 2:
+        z = torch.cat(((torch.rand(30000, generator=g) - 0.9) * 200, torch.tensor(
+            [-87.33654, -87.33655, -87.3365, -88.0, -103.28, -103.3, -104.0, 88.72, 88.73, 89.0, -0.0])))
+        return torch.cat((rnd.clamp(-1e4, 1e4), z, torch.tensor(edges)))
+    return torch.cat((rnd, torch.rand(20000, generator=g) * 3 + 1, torch.tensor(edges)))
 
 
-def test_rsqrt_rn():
-    g = torch.Generator().manual_seed(5)
-    v = torch.exp2((torch.rand(20000, generator=g) * 200 - 100)).to(F32)
-    got = _run_probe(6, v, F32)
-    exp = (1.0 / torch.sqrt(v.double())).float()
-    assert torch.equal(got, exp)
+@pytest.mark.parametrize("op", ["rsqrt", "recip", "exp"])
+def test_gpu_approx_table_forms(op):
+    """The Triton table forms (``numerics._rsqrt_approx`` / ``_div_full`` / ``_exp_approx``
+    without HW, what every non-SM90 launch runs) write the bits of ``dsv41.core.gpu_approx``."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from dsv41.core import gpu_approx as GA
+
+    code = ["rsqrt", "recip", "exp"].index(op)
+    x = _approx_inputs(code).to(F32)
+    tabs = [GA.result_bits(n, "cpu") for n in ("rsqrt", "rcp", "ex2", "ex2neg")]
+    out = torch.empty_like(x)
+    InterpretedFunction(_approx_probe)[(1,)](x, out, x.numel(), *tabs, OP=code,
+                                             BLOCK=1 << (x.numel() - 1).bit_length())
+    want = {"rsqrt": GA.rsqrt_approx, "recip": lambda v: GA.div_full(torch.ones_like(v), v),
+            "exp": GA.exp_approx}[op](x)
+    same = (out.view(torch.int32) == want.view(torch.int32)) | (torch.isnan(out) & torch.isnan(want))
+    assert bool(same.all()), (x[~same][:8], out[~same][:8], want[~same][:8])
 
 
 def test_e2m1_code():

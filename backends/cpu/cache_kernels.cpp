@@ -215,14 +215,14 @@ static inline void store_fp8_row(const float* __restrict rot, uint8_t* __restric
 template <bool FP4>
 static inline void indexer_token(const uint16_t* __restrict krow, const void* cs, int32_t cs_bf16,
                                  int64_t cs_s0, int64_t cs_s1, int64_t row, int rope_dim,
-                                 const float* __restrict w, float eps, const uint32_t* thr,
+                                 const float* __restrict w, float eps, const int32_t* rtab, const uint32_t* thr,
                                  uint8_t* __restrict q, uint8_t* __restrict sb) {
     alignas(64) float k[IDX_D], kn[IDX_D], kr[IDX_D];
     alignas(64) float c[IDX_D / 2], s[IDX_D / 2];
     bf16_to_f32(krow, k, IDX_D);
     // RMSNorm, as the reference (_sum_sq_128): fp32 squares; 32 lanes each add their 4
     // contiguous squares left to right, then a butterfly over lanes with xor distances
-    // 16, 8, 4, 2, 1 (lane 0's value); /128 exact; rsqrt = fl32 of the float64 1/sqrt.
+    // 16, 8, 4, 2, 1 (lane 0's value); /128 exact; the GPU's rsqrt (rsqrt_approx).
     float acc[32];
     for (int l = 0; l < 32; ++l) {
         const float* kk = k + 4 * l;
@@ -231,8 +231,7 @@ static inline void indexer_token(const uint16_t* __restrict krow, const void* cs
     for (int dist = 16; dist >= 1; dist >>= 1)
         for (int l = 0; l < dist; ++l) acc[l] = acc[l] + acc[l + dist];
     const float ss = acc[0];
-    const float v = ss / 128.0f + eps;
-    const float r = (float)(1.0 / std::sqrt((double)v));
+    const float r = rsqrt_approx(ss / 128.0f + eps, rtab);
     for (int d = 0; d < IDX_D; ++d) kn[d] = rnbf16_torch((k[d] * r) * w[d]);
     // RoPE at the group's first position; NoPE pairs rotate by (1, 0) (finding 2); bf16.
     const int nope = IDX_D - rope_dim, P = rope_dim / 2;
@@ -273,10 +272,10 @@ static inline void indexer_token(const uint16_t* __restrict krow, const void* cs
 template <bool FP4, int NT>
 static inline void indexer_tokens(const uint16_t* const* krow, const int64_t* row, const void* cs,
                                   int32_t cs_bf16, int64_t cs_s0, int64_t cs_s1, int rope_dim,
-                                  const float* __restrict w, float eps, const uint32_t* thr,
+                                  const float* __restrict w, float eps, const int32_t* rtab, const uint32_t* thr,
                                   uint8_t* const* q, uint8_t (*sb)[4]) {
     for (int u = 0; u < NT; ++u)
-        indexer_token<FP4>(krow[u], cs, cs_bf16, cs_s0, cs_s1, row[u], rope_dim, w, eps, thr, q[u], sb[u]);
+        indexer_token<FP4>(krow[u], cs, cs_bf16, cs_s0, cs_s1, row[u], rope_dim, w, eps, rtab, thr, q[u], sb[u]);
 }
 
 }  // namespace port
@@ -534,23 +533,12 @@ static inline float indexer_sumsq(const __m512* k) {
     const __m512 F = _mm512_add_ps(E, _mm512_shuffle_f32x4(E, E, 0xB1));
     return _mm512_cvtss_f32(F);
 }
-static inline float indexer_rsqrt(float ss, float eps) {
-    const float v = ss / 128.0f + eps;
-    return (float)(1.0 / std::sqrt((double)v));
+static inline float indexer_rsqrt(float ss, float eps, const int32_t* rtab) {
+    return rsqrt_approx(ss / 128.0f + eps, rtab);
 }
-// rs[i] of n keys (16 at a time in float64; == indexer_rsqrt lane by lane)
-static inline void indexer_rsqrt_n(const float* ss, float* rs, int n, float eps) {
-    const __m512 c128 = _mm512_set1_ps(128.0f), ev = _mm512_set1_ps(eps);
-    const __m512d one = _mm512_set1_pd(1.0);
-    for (int i = 0; i < n; i += 16) {
-        const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
-        const __m512 v = _mm512_add_ps(_mm512_div_ps(_mm512_maskz_loadu_ps(m, ss + i), c128), ev);
-        const __m512d lo = _mm512_div_pd(one, _mm512_sqrt_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v))));
-        const __m512d hi = _mm512_div_pd(one, _mm512_sqrt_pd(_mm512_cvtps_pd(
-                                                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)))));
-        const __m512 r = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo)), _mm512_cvtpd_ps(hi), 1);
-        _mm512_mask_storeu_ps(rs + i, m, r);
-    }
+// rs[i] of n keys (== indexer_rsqrt key by key)
+static inline void indexer_rsqrt_n(const float* ss, float* rs, int n, float eps, const int32_t* rtab) {
+    for (int i = 0; i < n; ++i) rs[i] = indexer_rsqrt(ss[i], eps, rtab);
 }
 
 // NT tokens at once, phase by phase, so the out-of-order core overlaps their latency chains
@@ -558,11 +546,11 @@ static inline void indexer_rsqrt_n(const float* ss, float* rs, int n, float eps)
 template <bool FP4, int NT>
 static inline void indexer_tokens(const uint16_t* const* krow, const int64_t* row, const void* cs,
                                   int32_t cs_bf16, int64_t cs_s0, int64_t cs_s1, int rope_dim,
-                                  const float* __restrict w, float eps, const uint32_t* thr,
+                                  const float* __restrict w, float eps, const int32_t* rtab, const uint32_t* thr,
                                   uint8_t* const* q, uint8_t (*sb)[4], const float* rs_in = nullptr) {
     if (rope_dim != 64) {  // the AVX-512 path is laid out for 64 NoPE + 64 RoPE dims
         for (int u = 0; u < NT; ++u)
-            port::indexer_token<FP4>(krow[u], cs, cs_bf16, cs_s0, cs_s1, row[u], rope_dim, w, eps,
+            port::indexer_token<FP4>(krow[u], cs, cs_bf16, cs_s0, cs_s1, row[u], rope_dim, w, eps, rtab,
                                      thr, q[u], sb[u]);
         return;
     }
@@ -580,7 +568,7 @@ static inline void indexer_tokens(const uint16_t* const* krow, const int64_t* ro
             rs[u] = rs_in[u];
             continue;
         }
-        rs[u] = indexer_rsqrt(indexer_sumsq(k[u]), eps);
+        rs[u] = indexer_rsqrt(indexer_sumsq(k[u]), eps, rtab);
     }
     __m512 cc[NT][2], sn[NT][2];
 #pragma GCC unroll 8
@@ -673,12 +661,12 @@ static inline void indexer_tokens(const uint16_t* const* krow, const int64_t* ro
 template <bool FP4>
 static inline void indexer_token(const uint16_t* __restrict krow, const void* cs, int32_t cs_bf16,
                                  int64_t cs_s0, int64_t cs_s1, int64_t row, int rope_dim,
-                                 const float* __restrict w, float eps, const uint32_t* thr,
+                                 const float* __restrict w, float eps, const int32_t* rtab, const uint32_t* thr,
                                  uint8_t* __restrict q, uint8_t* __restrict sb) {
     uint8_t sbs[1][4];
     const uint16_t* kr[1] = {krow};
     uint8_t* qp[1] = {q};
-    indexer_tokens<FP4, 1>(kr, &row, cs, cs_bf16, cs_s0, cs_s1, rope_dim, w, eps, thr, qp, sbs);
+    indexer_tokens<FP4, 1>(kr, &row, cs, cs_bf16, cs_s0, cs_s1, rope_dim, w, eps, rtab, thr, qp, sbs);
     std::memcpy(sb, sbs[0], 4);
 }
 
@@ -930,9 +918,9 @@ static inline void indexer_store_token(const uint8_t* q, const uint8_t* sb, uint
 template <bool FP4, bool TILED>
 static void indexer_k_store_impl(const uint16_t* k_pre, int64_t ks0, const int64_t* positions,
                                  const void* cs, int32_t cs_bf16, int64_t cs_s0, int64_t cs_s1,
-                                 int rope_dim, const float* w, float eps, uint8_t* cache,
-                                 int64_t ps, int64_t B, const int64_t* slots, int64_t T,
-                                 int64_t CR, int64_t N) {
+                                 int rope_dim, const float* w, float eps, const int32_t* rtab,
+                                 uint8_t* cache, int64_t ps, int64_t B, const int64_t* slots,
+                                 int64_t T, int64_t CR, int64_t N) {
     const uint32_t* thr = ceil_log2_table().thr;
     const int64_t nchunks = (T + CHUNK - 1) / CHUNK;
 #pragma omp parallel for schedule(dynamic, 1) if (T >= PAR_MIN)
@@ -968,7 +956,7 @@ static void indexer_k_store_impl(const uint16_t* k_pre, int64_t ks0, const int64
                 for (int j = 0; j < 8; ++j) kv[j] = v16_bf16_load(kk[i] + 16 * j);
                 ss[i] = simd::indexer_sumsq(kv);
             }
-            simd::indexer_rsqrt_n(ss, rs, n, eps);
+            simd::indexer_rsqrt_n(ss, rs, n, eps, rtab);
             // Phase 2: two keys at a time, prefetching the cos/sin rows and records ahead.
             for (int i = 0; i < n; i += 2) {
                 for (int j = i + PF; j < i + PF + 2 && j < n; ++j) {
@@ -977,9 +965,9 @@ static void indexer_k_store_impl(const uint16_t* k_pre, int64_t ks0, const int64
                 }
                 const int m = n - i >= 2 ? 2 : 1;
                 if (m == 2)
-                    simd::indexer_tokens<FP4, 2>(kk + i, rr + i, cs, cs_bf16, cs_s0, cs_s1, rope_dim, w, eps, thr, qp, sb, rs + i);
+                    simd::indexer_tokens<FP4, 2>(kk + i, rr + i, cs, cs_bf16, cs_s0, cs_s1, rope_dim, w, eps, rtab, thr, qp, sb, rs + i);
                 else
-                    simd::indexer_tokens<FP4, 1>(kk + i, rr + i, cs, cs_bf16, cs_s0, cs_s1, rope_dim, w, eps, thr, qp, sb, rs + i);
+                    simd::indexer_tokens<FP4, 1>(kk + i, rr + i, cs, cs_bf16, cs_s0, cs_s1, rope_dim, w, eps, rtab, thr, qp, sb, rs + i);
                 for (int u = 0; u < m; ++u)
                     indexer_store_token<FP4, TILED>(qbuf[u], sb[u], cache + (sl_[i + u] / B) * ps, sl_[i + u] % B, B, N);
             }
@@ -988,9 +976,9 @@ static void indexer_k_store_impl(const uint16_t* k_pre, int64_t ks0, const int64
 #endif
         auto flush = [&](int n) {
             if (n == 2)
-                tok::indexer_tokens<FP4, 2>(kr, row, cs, cs_bf16, cs_s0, cs_s1, rope_dim, w, eps, thr, qp, sb);
+                tok::indexer_tokens<FP4, 2>(kr, row, cs, cs_bf16, cs_s0, cs_s1, rope_dim, w, eps, rtab, thr, qp, sb);
             else
-                tok::indexer_tokens<FP4, 1>(kr, row, cs, cs_bf16, cs_s0, cs_s1, rope_dim, w, eps, thr, qp, sb);
+                tok::indexer_tokens<FP4, 1>(kr, row, cs, cs_bf16, cs_s0, cs_s1, rope_dim, w, eps, rtab, thr, qp, sb);
             for (int u = 0; u < n; ++u)
                 indexer_store_token<FP4, TILED>(qbuf[u], sb[u], cache + (slot[u] / B) * ps, slot[u] % B, B, N);
         };
@@ -1110,15 +1098,15 @@ int dsv41_rope_quant_insert(const uint16_t* latent, int64_t ls0, const int64_t* 
 
 int dsv41_indexer_k_store(const uint16_t* k_pre, int64_t ks0, const int64_t* positions,
                           const void* cs, int32_t cs_bf16, int64_t cs_s0, int64_t cs_s1,
-                          int32_t rope_dim, const float* w, float eps, uint8_t* cache,
-                          int64_t page_stride, int64_t B, const int64_t* slots, int64_t T,
-                          int64_t CR, int32_t use_fp4, int32_t tiled, int64_t n_per_tile) {
+                          int32_t rope_dim, const float* w, float eps, const int32_t* rtab,
+                          uint8_t* cache, int64_t page_stride, int64_t B, const int64_t* slots,
+                          int64_t T, int64_t CR, int32_t use_fp4, int32_t tiled, int64_t n_per_tile) {
     if (T <= 0) return 0;
     if (B <= 0 || CR <= 0) return -1;
     if (rope_dim <= 0 || rope_dim > IDX_D || rope_dim % 2 || (IDX_D - rope_dim) % 2) return -2;
 #define DSV41_I(F, TL)                                                                        \
     indexer_k_store_impl<F, TL>(k_pre, ks0, positions, cs, cs_bf16, cs_s0, cs_s1, rope_dim, w, \
-                                eps, cache, page_stride, B, slots, T, CR, n_per_tile)
+                                eps, rtab, cache, page_stride, B, slots, T, CR, n_per_tile)
     if (use_fp4) {
         if (tiled) {
             if ((n_per_tile != 16 && n_per_tile != 32 && n_per_tile != 64) || B % n_per_tile) return -3;

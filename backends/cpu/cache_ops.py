@@ -22,6 +22,7 @@ import torch
 
 from . import bounds
 from ._build import load_typed
+from dsv41.core import gpu_approx
 
 __all__ = [
     "quantize_and_insert_k_cache",
@@ -45,7 +46,7 @@ _SIGNATURES = {
     "dsv41_quantize_insert_k": [_P, _I64, _P, _I64, _P, _I64, _I64, _I32, _I32, _I32],
     "dsv41_dequant_gather_k": [_P, _I64, _I64, _P, _I64, _I32, _P, _P, _I64, _P, _I64, _I64, _I64, _I64, _I32, _I32],
     "dsv41_rope_quant_insert": [_P, _I64, _P, _P, _I32, _I64, _I64, _P, _I32, _I64, _I64, _P, _I64, _I64, _I64, _P, _I32, _I32],
-    "dsv41_indexer_k_store": [_P, _I64, _P, _P, _I32, _I64, _I64, _I32, _P, _F32, _P, _I64, _I64, _P, _I64, _I64, _I32, _I32, _I64],
+    "dsv41_indexer_k_store": [_P, _I64, _P, _P, _I32, _I64, _I64, _I32, _P, _F32, _P, _P, _I64, _I64, _P, _I64, _I64, _I32, _I32, _I64],
     "dsv41_codec_e4m3_encode": [_P, _P, _I64, _I32],
     "dsv41_codec_e4m3_decode": [_P, _P, _I64, _I32, _I32],
     "dsv41_codec_e2m1_encode": [_P, _P, _I64],
@@ -251,7 +252,7 @@ def indexer_k_norm_rope_store(
     rc = library().dsv41_indexer_k_store(
         k_pre.data_ptr(), k_pre.stride(0), pos.data_ptr(),
         cs.data_ptr(), cs_bf16, cs0, cs1, int(cos_sin_cache.shape[-1]),
-        w.data_ptr(), float(rms_norm_eps),
+        w.data_ptr(), float(rms_norm_eps), gpu_approx.result_bits("rsqrt", "cpu").data_ptr(),
         k_cache.data_ptr(), k_cache.stride(0), int(k_cache.shape[1]),
         slots.data_ptr(), T, int(compress_ratio),
         int(bool(use_fp4_cache)), int(bool(tiled)), int(mxfp4_n_per_tile),

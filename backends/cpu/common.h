@@ -37,6 +37,9 @@
 //   absmax_ignore_nan(x, n)       max |x_i| with NaN elements ignored (PTX max.f32; +0 if all NaN),
 //                                 on the bit patterns so the loop vectorizes
 //   F32_1E_4, INV_448, INV_224, INV_6   fl32 constants of the quantizers
+//   Approx, rsqrt_approx, rcp_approx, div_full, ex2_approx_ftz, exp_approx: the NVIDIA GPU's
+//                                 approximate rsqrt / rcp / division / ex2 / tl.exp from the tables
+//                                 of dsv41.core.gpu_approx (== those functions)
 //
 // AVX-512 (F+BW+VL+DQ) 16-lane versions, defined when DSV41_CPU_AVX512 is 1 (compiled with
 // -march=native on such a CPU); each is bit-identical to its scalar twin above:
@@ -465,6 +468,102 @@ static inline __m512i v16_ceil_log2_pos(__m512 r, const uint32_t* thr) {
 inline int64_t load_index(const void* p, int64_t i, int64_t stride, bool is64) {
     return is64 ? static_cast<const int64_t*>(p)[i * stride]
                 : static_cast<int64_t>(static_cast<const int32_t*>(p)[i * stride]);
+}
+
+// The NVIDIA GPU's approximate primitives (dsv41/core/gpu_approx.py), from its tables of int32
+// result bits (gpu_approx.result_bits, handed over by the Python wrapper per call).
+struct Approx {
+    const int32_t* rsqrt;   // [2^24]: x in [1, 4), index (exponent parity) << 23 | mantissa
+    const int32_t* rcp;     // [2^23]: x in [1, 2), index mantissa
+    const int32_t* ex2;     // [2^23]: 2^(j / 2^23)
+    const int32_t* ex2neg;  // [2^23]: 2^(-j / 2^23)
+};
+
+// rsqrt.approx.ftz.f32 (tl.rsqrt on NVIDIA)
+static inline float rsqrt_approx(float x, const int32_t* tab) {
+    const uint32_t b = bits(x);
+    const int ef = (int)((b >> 23) & 0xFFu);
+    if (ef == 0) return from_bits((b & 0x80000000u) | 0x7F800000u);  // +-0, subnormal: +-inf
+    if (b >> 31) return from_bits(0x7FFFFFFFu);                       // negative, NaN
+    if (ef == 255) return from_bits((b & 0x7FFFFFu) ? 0x7FFFFFFFu : 0u);
+    const int e = ef - 127;
+    const int par = e & 1, half = (e - par) / 2;  // floor(e / 2)
+    return from_bits((uint32_t)(tab[((uint32_t)par << 23) | (b & 0x7FFFFFu)] - half * (1 << 23)));
+}
+
+// rcp.approx.ftz.f32; div.full.f32(a, b) == a * rcp_approx(b)
+static inline float rcp_approx(float x, const int32_t* tab) {
+    const uint32_t b = bits(x), sign = b & 0x80000000u;
+    const int ef = (int)((b >> 23) & 0xFFu);
+    if (ef == 0) return from_bits(sign | 0x7F800000u);
+    if (ef == 255) return from_bits((b & 0x7FFFFFu) ? 0x7FFFFFFFu : sign);
+    const int32_t mag = tab[b & 0x7FFFFFu] - (ef - 127) * (1 << 23);
+    return from_bits(sign | (mag < 0x800000 ? 0u : (uint32_t)mag));  // subnormal: flushed
+}
+// (both operands scaled by 2^24 for a subnormal b, by 1/4 for |b| >= 2^126, as div.full does)
+static inline float div_full(float a, float b, const int32_t* rcp_tab) {
+    const float m = std::fabs(b);
+    const float s = m >= 0x1p126f ? 0.25f : (m < 0x1p-126f ? 0x1p24f : 1.0f);
+    return (a * s) * rcp_approx(b * s, rcp_tab);
+}
+
+// ex2.approx.ftz.f32: |x| as fixed point with 23 fraction bits (truncated), one table per sign
+static inline float ex2_approx_ftz(float x, const Approx& t) {
+    if (x != x) return from_bits(0x7FFFFFFFu);
+    const bool neg = bits(x) >> 31;
+    const float mag = std::fmin(std::fabs(x), 1073741824.0f);  // 2^30
+    const int64_t q = (int64_t)(mag * 8388608.0f);               // exact, then truncated
+    const int64_t m = q >> 23;
+    const int32_t f = (int32_t)(q & 0x7FFFFF);
+    if (neg) {
+        const int64_t o = (int64_t)t.ex2neg[f] - m * (1 << 23);
+        return from_bits(o < 0x800000 ? 0u : (uint32_t)o);
+    }
+    const int64_t o = (int64_t)t.ex2[f] + m * (1 << 23);
+    return from_bits(o >= 0x7F800000 ? 0x7F800000u : (uint32_t)o);
+}
+
+// tl.exp on NVIDIA: ex2.approx.f32(fl32(z * fl32(log2 e))), no ftz: below -126 the square of
+// the half-argument's result
+static inline float exp_approx(float z, const Approx& t) {
+    const float arg = z * 1.44269502162933349609375f;  // fl32(log2 e) = 0x3FB8AA3B
+    if (arg < -126.0f) {
+        const float h = ex2_approx_ftz(arg * 0.5f, t);
+        return h * h;
+    }
+    return ex2_approx_ftz(arg, t);
+}
+
+// tl.sum(v * v, 0) of one fp32 row x[0..n) as Triton reduces it on an NVIDIA GPU for a blocked
+// layout of `per` contiguous elements per thread, `warps` warps over `block` elements (zeros
+// past n) -- dsv41.core.gpu_approx.tl_sum_sq: thread t's registers in order (repetition,
+// element), fma(e0, e0, e1*e1) then fmaf(ek, ek, acc); the xor butterfly in each warp; the
+// warp sums folded the same way.
+static inline float tl_sum_sq(const float* x, int64_t n, int block, int warps, int per) {
+    const int threads = 32 * warps, reps = block / (threads * per), regs = reps * per;
+    float lane[1024];  // threads <= 1024
+    for (int t = 0; t < threads; ++t) {
+        float acc = 0.0f, first = 0.0f;
+        for (int k = 0; k < regs; ++k) {
+            const int64_t j = (int64_t)(k / per) * threads * per + (int64_t)t * per + k % per;
+            const float e = j < n ? x[j] : 0.0f;
+            if (k == 0)
+                first = e;
+            else if (k == 1)
+                acc = std::fmaf(first, first, e * e);
+            else
+                acc = std::fmaf(e, e, acc);
+        }
+        lane[t] = regs == 1 ? first * first : acc;
+    }
+    for (int g = 0; g < warps; ++g) {
+        float* L = lane + 32 * g;
+        for (int dist = 16; dist >= 1; dist >>= 1)
+            for (int l = 0; l < dist; ++l) L[l] = L[l] + L[l + dist];
+    }
+    for (int dist = warps / 2; dist >= 1; dist >>= 1)
+        for (int g = 0; g < dist; ++g) lane[32 * g] = lane[32 * g] + lane[32 * (g + dist)];
+    return lane[0];
 }
 
 }  // namespace dsv41cpu

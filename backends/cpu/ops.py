@@ -27,8 +27,10 @@ import ctypes
 
 import torch
 
+from dsv41.core import gpu_approx
 from dsv41.core.formats import scale_byte_strides
 from dsv41.core.op_specs import spec
+from dsv41.reference.output_quant import vllm_norm_layout
 
 from . import bounds
 from ._build import build_error as _build_error
@@ -66,7 +68,7 @@ _SIGS = {
     ),
     "dsv41_fused_save_compress_norm": (
         _ROPE,
-        "pii" "pii" "piiii" "piii" "piii" "pii" "pii" "di" "pi" "pii" "piii",
+        "pii" "pii" "piiii" "piii" "piii" "pii" "pii" "di" "pi" "pppp" "pii" "piii",
     ),
     "dsv41_save_ring_rows": (_ROPE, "pii" "pii" "piiii"),
     "dsv41_fused_indexer_q_rope_quant": (
@@ -79,12 +81,18 @@ _SIGS = {
     ),
     "dsv41_fused_q_kv_rmsnorm_quant": (
         _ROPE,
-        "piii" "pii" "pipi" "d" "pi" "pii" "pi",
+        "piii" "pii" "pipi" "d" "pi" "pii" "pi" "pp" "iii",
     ),
     "dsv41_pad_fused_q_heads": (_ROPE, "piiii" "piii"),
 }
 
 _fns: dict = {}
+
+
+def _approx_ptrs() -> tuple:
+    """Addresses of the int32 tables of ``dsv41.core.gpu_approx`` (rsqrt, rcp, ex2, ex2neg)
+    the kernels read; the tables stay cached for the process."""
+    return tuple(gpu_approx.result_bits(n, "cpu").data_ptr() for n in ("rsqrt", "rcp", "ex2", "ex2neg"))
 
 # op -> number of calls that went to the reference (a layout / dtype the C++ does not take)
 FALLBACKS: dict = {}
@@ -337,6 +345,7 @@ def fused_save_compress_norm(
         _ptr(rms_norm_weight), int(rms_norm_weight.dtype == _BF16), _s0(rms_norm_weight.reshape(-1)),
         float(rms_norm_eps), cr,
         _ptr(latent_out), latent_out.stride(0),
+        *_approx_ptrs(),
         *prev_args,
     )
     return None
@@ -509,6 +518,8 @@ def fused_q_kv_rmsnorm_quant(qr, kv, q_weight, kv_weight, eps, q_out, q_scale_ou
         _ptr(qo), qo.stride(0) if T else 0,
         _ptr(q_scale_out), Tp, Gp,
         _ptr(kv_out), kv_out.stride(0) if T else 0,
+        gpu_approx.result_bits("rsqrt", "cpu").data_ptr(), gpu_approx.result_bits("rcp", "cpu").data_ptr(),
+        *vllm_norm_layout(Qs, Ks, 2),
     )
     return None
 

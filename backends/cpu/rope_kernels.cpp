@@ -10,13 +10,11 @@
 // Every output byte equals the reference's.  fp32 arithmetic is written out operation by
 // operation (the build uses -ffp-contract=off; fmaf() appears exactly where the spec fuses).
 // The reference's float64 steps are done in double here as well:
-//   * sums of squares: float64 accumulation rounded once to fp32.  The summation order differs
-//     from torch's, which could only matter if the exact sum lay within ~2^-45 (relative) of an
-//     fp32 rounding boundary; 0 mismatches in 170k random rows (CR1 / CR2 / Q-KV).
-//   * rsqrt: fl32(1 / sqrt(double)), the very expression torch evaluates.
-//   * exp (compressor softmax, reference: fl32(torch.exp2(float64(fl32(z * fl32(log2 e)))))):
-//     2^y in double by a degree-13 polynomial, rounded once to fp32; equal to fl32(glibc
-//     exp2(y)) for all 2^32 fp32 y and to the reference on 2^25 random y (exp2_f32 below).
+//   * sums of squares: the compressor norm in vLLM's fp32 order (sum_sq512_vllm); the Q / KV
+//     norm in float64 rounded once to fp32.
+//   * rsqrt, the compressor softmax's exp and division: the NVIDIA GPU's approximate
+//     primitives from the tables of dsv41.core.gpu_approx (common.h rsqrt_approx, exp_approx,
+//     div_full), as vLLM's kernels compute them.
 // Where the reference rounds fp32 -> bf16 with torch (codecs.rnbf16, copy_ into bf16), a NaN
 // becomes 0xFFFF as torch's CPU cast writes it; where it stores a computed bf16 result it is the
 // GPU's canonical 0x7FFF (finding 3).
@@ -89,88 +87,40 @@ inline float inv_pow2(float E) {
     return from_bits(0x00800000u >> (e - 126));  // 2^-127: subnormal
 }
 
-RK_WIDE_BEGIN
-// ---------------------------------------------------------------- exp for the compressor
-// fl32(2^y) for fp32 y, evaluated in double: y = n + f (n = y rounded to an integer with the
-// 1.5*2^52 shifter, |f| <= 1/2), 2^f by its Taylor series in f*ln2 to degree 13 (truncation
-// < 5e-18 relative), Horner with fma, an exact scaling by 2^n, one rounding to fp32.  Checked
-// equal to fl32(glibc exp2((double)y)) for every fp32 y in [-151, 0] and to the reference
-// (torch.exp2 in float64) on 2^25 random y.  Branch-free: the pooling loop vectorizes.
-struct Exp2Poly {
-    double c[14];
-    constexpr Exp2Poly() : c() {
-        const double ln2 = 0.693147180559945309417232121458176568;
-        double t = 1.0;
-        for (int k = 0; k < 14; ++k) {
-            c[k] = t;
-            t = t * ln2 / (double)(k + 1);
-        }
+
+// sum x_i^2 of a 512-wide fp32 row in vLLM's order (gpu_approx.tl_sum_sq, 4 warps, 4 per
+// thread): thread 32w + l accumulates dims 128w + 4l .. +3 as fma(e0, e0, e1*e1), then fmaf
+// of e2, e3; each warp folds its 32 lanes (xor 16 .. 1; lane 0's value), then
+// (w0 + w2) + (w1 + w3).
+inline float sum_sq512_vllm(const float* x) {
+    float lane[128];
+    for (int t = 0; t < 128; ++t) {
+        const float* e = x + 4 * t;
+        float acc = std::fmaf(e[0], e[0], e[1] * e[1]);
+        acc = std::fmaf(e[2], e[2], acc);
+        lane[t] = std::fmaf(e[3], e[3], acc);
     }
+    float w[4];
+    for (int g = 0; g < 4; ++g) {
+        float* L = lane + 32 * g;
+        for (int dist = 16; dist >= 1; dist >>= 1)
+            for (int l = 0; l < dist; ++l) L[l] = L[l] + L[l + dist];
+        w[g] = L[0];
+    }
+    return (w[0] + w[2]) + (w[1] + w[3]);
+}
+
+// vLLM's Q / KV norm layout (reference output_quant.vllm_norm_layout): tl.sum order of the rows
+struct NormLayout {
+    int block, warps, per;
 };
-constexpr Exp2Poly kExp2{};
 
-inline float exp2_f32(float y) {
-    // |y| -> min(|y|, 200) on the bits (2^-200 rounds to fp32 +0, 2^200 to +inf); a NaN stays
-    // NaN and makes the result NaN.  Integer selects keep the loop free of control flow (gcc
-    // does not if-convert a possibly trapping float conversion under -ftrapping-math).
-    const uint32_t yb = bits(y), ya = yb & 0x7FFFFFFFu;
-    const uint32_t lim = 0x43480000u;  // 200.0f
-    const uint32_t yac = (ya > lim && ya <= 0x7F800000u) ? lim : ya;
-    const double yc = (double)from_bits(yac | (yb & 0x80000000u));
-    const double shifter = 0x1.8p52;
-    const double nb = yc + shifter;  // the integer nearest yc (ties to even) in the low bits
-    const double n = nb - shifter;   // exact
-    const double f = yc - n;         // exact
-    double p = kExp2.c[13];
-    p = std::fma(p, f, kExp2.c[12]);
-    p = std::fma(p, f, kExp2.c[11]);
-    p = std::fma(p, f, kExp2.c[10]);
-    p = std::fma(p, f, kExp2.c[9]);
-    p = std::fma(p, f, kExp2.c[8]);
-    p = std::fma(p, f, kExp2.c[7]);
-    p = std::fma(p, f, kExp2.c[6]);
-    p = std::fma(p, f, kExp2.c[5]);
-    p = std::fma(p, f, kExp2.c[4]);
-    p = std::fma(p, f, kExp2.c[3]);
-    p = std::fma(p, f, kExp2.c[2]);
-    p = std::fma(p, f, kExp2.c[1]);
-    p = std::fma(p, f, kExp2.c[0]);
-    uint64_t nbits;
-    std::memcpy(&nbits, &nb, 8);
-    const uint64_t sbits = (nbits + 1023u) << 52;  // 2^n, n in [-200, 200]
-    double scale;
-    std::memcpy(&scale, &sbits, 8);
-    return (float)(p * scale);
-}
-
-RK_WIDE_END
-
-constexpr float kLog2eF32 = 0x1.715476p+0f;  // fl32(log2 e) = 0x3FB8AA3B
-
-// fl32(sum x_i^2) of a 512-wide row, squares and sum in double (8 independent partial sums)
-inline float sum_sq512_f32(const float* x) {
-    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int i = 0; i < 512; i += 8)
-        for (int k = 0; k < 8; ++k) {
-            const double v = (double)x[i + k];
-            acc[k] += v * v;
-        }
-    return (float)(((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])));
-}
-
-inline double sum_sq_f64(const float* x, int64_t n) {
-    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; ++k) {
-            const double v = (double)x[i + k];
-            acc[k] += v * v;
-        }
-    for (; i < n; ++i) {
-        const double v = (double)x[i];
-        acc[0] += v * v;
-    }
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+// Σx²/n of a bf16 row in that order, the mean a div.full by n (rcp table)
+inline float norm_mean(const uint16_t* src, int64_t n, const NormLayout& lay, const int32_t* rcp_tab) {
+    std::vector<float> xb(n > 0 ? n : 1);
+    float* x = xb.data();
+    for (int64_t i = 0; i < n; ++i) x[i] = bf16_to_f32(src[i]);
+    return div_full(tl_sum_sq(x, n, lay.block, lay.warps, lay.per), (float)n, rcp_tab);
 }
 
 inline int64_t floor_mod(int64_t a, int64_t b) {
@@ -181,21 +131,22 @@ inline int64_t floor_mod(int64_t a, int64_t b) {
 constexpr int HEAD = 512;
 
 RK_WIDE_BEGIN
-// latent = bf16(x * rsqrt(sum x^2 / 512 + eps) * w), canonical NaN (C §8.1).
-inline void rmsnorm512_store(const float* x, const float* w, float eps, uint16_t* dst) {
-    const float ss = sum_sq512_f32(x);
+// latent = bf16(x * rsqrt(sum x^2 / 512 + eps) * w), canonical NaN (C §8.1), the GPU's rsqrt.
+inline void rmsnorm512_store(const float* x, const float* w, float eps, const int32_t* rtab, uint16_t* dst) {
+    const float ss = sum_sq512_vllm(x);
     const float var = ss / 512.0f + eps;
-    const float r = (float)(1.0 / std::sqrt((double)var));
+    const float r = rsqrt_approx(var, rtab);
     for (int d = 0; d < HEAD; ++d) dst[d] = rk_bf16_canon((x[d] * r) * w[d]);
 }
 
 // Softmax-pool of two kv|score rows (older a, newer b), per dim (C §8.1 pool):
-// m = max(sa, sb) (NaN propagates), ea = exp(sa - m), eb = exp(sb - m), w = e / (ea + eb),
-// pooled = fma(wa, kva, fl32(wb * kvb)).  One of sa - m, sb - m is zero (exp = 1 exactly)
+// m = max(sa, sb) (NaN propagates), ea = exp(sa - m), eb = exp(sb - m), w = e / (ea + eb)
+// with the GPU's tl.exp and div.full (exp_approx, div_full), pooled = fma(wa, kva, fl32(wb * kvb)).  One of sa - m, sb - m is zero (exp = 1 exactly)
 // unless a NaN / inf is involved, so one exp per dim is evaluated; the non-finite cases
 // (both differences non-zero: one of them is then NaN, the other NaN or -inf) are resolved
 // exactly as the two-exp formula does.
-inline void pool_rows(const float* __restrict a, const float* __restrict b, float* __restrict out) {
+inline void pool_rows(const float* __restrict a, const float* __restrict b, float* __restrict out,
+                      const Approx& ap) {
     for (int d = 0; d < HEAD; ++d) {
         const float sa = a[HEAD + d], sb = b[HEAD + d];
         float m = sa > sb ? sa : sb;
@@ -203,12 +154,12 @@ inline void pool_rows(const float* __restrict a, const float* __restrict b, floa
         m = (sb != sb) ? sb : m;
         const float za = sa - m, zb = sb - m;
         const bool a0 = za == 0.0f, b0 = zb == 0.0f;
-        const float E = exp2_f32((a0 ? zb : za) * kLog2eF32);
+        const float E = exp_approx(a0 ? zb : za, ap);
         const float ea = a0 ? 1.0f : E;
         const float eb_other = (zb != zb) ? zb : 0.0f;  // exp(NaN) = NaN, exp(-inf) = 0
         const float eb = b0 ? 1.0f : (a0 ? E : eb_other);
         const float den = ea + eb;
-        const float wa = ea / den, wb = eb / den;
+        const float wa = div_full(ea, den, ap.rcp), wb = div_full(eb, den, ap.rcp);
         out[d] = std::fmaf(wa, a[d], wb * b[d]);
     }
 }
@@ -231,10 +182,12 @@ void dsv41_fused_save_compress_norm(
     const void* weight, int64_t w_is_bf16, int64_t w_s0,
     double eps_d, int64_t cr,
     uint16_t* latent, int64_t lat_s0,
+    const int32_t* rsqrt_tab, const int32_t* rcp_tab, const int32_t* ex2_tab, const int32_t* ex2neg_tab,
     const float* prev_rows, int64_t prev_n, int64_t prev_s0,
     const void* prev_idx, int64_t prev_idx_is64, int64_t prev_idx_n, int64_t prev_idx_s0) {
     if (T <= 0) return;
     const float eps = (float)eps_d;
+    const Approx ap{rsqrt_tab, rcp_tab, ex2_tab, ex2neg_tab};
     float w[HEAD];
     for (int d = 0; d < HEAD; ++d) w[d] = load_float(weight, d * w_s0, w_is_bf16 != 0);
     const bool par = T * (int64_t)HEAD * 4 * cr >= kParallelMinBytes && T > 1;
@@ -243,7 +196,7 @@ void dsv41_fused_save_compress_norm(
 #pragma omp parallel for schedule(static) if (par)
         for (int64_t t = 0; t < T; ++t) {
             if (load_index(slot, t, slot_s0, slot_is64) < 0) continue;
-            rmsnorm512_store(kv + t * kv_s0, w, eps, latent + t * lat_s0);
+            rmsnorm512_store(kv + t * kv_s0, w, eps, ap.rsqrt, latent + t * lat_s0);
         }
         return;
     }
@@ -278,8 +231,8 @@ void dsv41_fused_save_compress_norm(
                 const int64_t prev = t - 1 >= 0 ? t - 1 : rows - 1;  // torch's index -1
                 older = kv + prev * kv_s0;
             }
-            pool_rows(older, kv + t * kv_s0, pooled);
-            rmsnorm512_store(pooled, w, eps, latent + t * lat_s0);
+            pool_rows(older, kv + t * kv_s0, pooled, ap);
+            rmsnorm512_store(pooled, w, eps, ap.rsqrt, latent + t * lat_s0);
         }
     }
 
@@ -773,53 +726,20 @@ void dsv41_fused_inv_rope_fp8_quant(
 }
 RK_WIDE_END
 
-
 #if DSV41_CPU_AVX512
 namespace {
-// Sum of squares of n (a multiple of 16) bf16 values in double: squares exact, 32 partial sums
-// (lane l of accumulator a holds the elements i with i % 32 == 8a + l), combined pairwise.
-// Only the float64 summation order differs from the scalar path / torch; the result is rounded
-// once to fp32 afterwards, so it can only matter within ~2^-45 (relative) of an fp32 rounding
-// boundary (0 byte differences on the test suites).
-inline double sum_sq_bf16_v(const uint16_t* __restrict src, int64_t n) {
-    __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd(), a2 = _mm512_setzero_pd(), a3 = _mm512_setzero_pd();
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        const __m512 x0 = v16_bf16_load(src + i), x1 = v16_bf16_load(src + i + 16);
-        const __m512d d0 = _mm512_cvtps_pd(_mm512_castps512_ps256(x0));
-        const __m512d d1 = _mm512_cvtps_pd(_mm512_extractf32x8_ps(x0, 1));
-        const __m512d d2 = _mm512_cvtps_pd(_mm512_castps512_ps256(x1));
-        const __m512d d3 = _mm512_cvtps_pd(_mm512_extractf32x8_ps(x1, 1));
-        a0 = _mm512_fmadd_pd(d0, d0, a0);  // d*d exact: fma == add(mul)
-        a1 = _mm512_fmadd_pd(d1, d1, a1);  // d*d exact: fma == add(mul)
-        a2 = _mm512_fmadd_pd(d2, d2, a2);  // d*d exact: fma == add(mul)
-        a3 = _mm512_fmadd_pd(d3, d3, a3);  // d*d exact: fma == add(mul)
-    }
-    if (i < n) {  // one 16-element tail
-        const __m512 x0 = v16_bf16_load(src + i);
-        const __m512d d0 = _mm512_cvtps_pd(_mm512_castps512_ps256(x0));
-        const __m512d d1 = _mm512_cvtps_pd(_mm512_extractf32x8_ps(x0, 1));
-        a0 = _mm512_fmadd_pd(d0, d0, a0);  // d*d exact: fma == add(mul)
-        a1 = _mm512_fmadd_pd(d1, d1, a1);  // d*d exact: fma == add(mul)
-    }
-    const __m512d s = _mm512_add_pd(_mm512_add_pd(a0, a2), _mm512_add_pd(a1, a3));
-    alignas(64) double t[8];
-    _mm512_store_pd(t, s);
-    return ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
-}
-
-// One row of R §5 (Qs % 32 == 0, Ks % 16 == 0): bit-identical to the scalar loop below except
-// for the float64 summation order of the sums of squares (see sum_sq_bf16_v).
+// One row of R §5 (Qs % 32 == 0, Ks % 16 == 0): bit-identical to the scalar loop below.
 inline void qkv_row_avx512(const uint16_t* __restrict qsrc, int64_t Qs, const uint16_t* __restrict ksrc, int64_t Ks,
                            const float* __restrict WQ, const float* __restrict WK, float eps,
-                           uint8_t* __restrict qdst, uint8_t* __restrict sbase, int64_t Gp,
-                           uint16_t* __restrict kdst, bool nt) {
+                           const int32_t* rtab, const int32_t* rcp_tab, const NormLayout& lay,
+                           uint8_t* __restrict qdst, uint8_t* __restrict sbase,
+                           int64_t Gp, uint16_t* __restrict kdst, bool nt) {
     // nt: large output, stream the 64-byte-aligned code/KV stores past the cache (no RFO)
     const bool ntq = nt && ((uintptr_t)qdst & 63) == 0;
     const bool ntk = nt && ((uintptr_t)kdst & 31) == 0;
     {
-        const float ms = (float)(sum_sq_bf16_v(ksrc, Ks) / (double)Ks) + eps;
-        const __m512 rr = _mm512_set1_ps((float)(1.0 / std::sqrt((double)ms)));
+        const float ms = norm_mean(ksrc, Ks, lay, rcp_tab) + eps;
+        const __m512 rr = _mm512_set1_ps(rsqrt_approx(ms, rtab));
         for (int64_t i = 0; i < Ks; i += 16) {
             const __m512 y = _mm512_mul_ps(_mm512_mul_ps(v16_bf16_load(ksrc + i), rr), _mm512_loadu_ps(WK + i));
             if (ntk)
@@ -828,8 +748,8 @@ inline void qkv_row_avx512(const uint16_t* __restrict qsrc, int64_t Qs, const ui
                 _mm256_storeu_si256((__m256i*)(kdst + i), v16_bf16_canon(y));
         }
     }
-    const float ms = (float)(sum_sq_bf16_v(qsrc, Qs) / (double)Qs) + eps;
-    const __m512 rr = _mm512_set1_ps((float)(1.0 / std::sqrt((double)ms)));
+    const float ms = norm_mean(qsrc, Qs, lay, rcp_tab) + eps;
+    const __m512 rr = _mm512_set1_ps(rsqrt_approx(ms, rtab));
     const int64_t Gq = Qs / 32;
     int64_t j0 = 0;
     {
@@ -929,8 +849,10 @@ void dsv41_fused_q_kv_rmsnorm_quant(
     double eps_d,
     uint8_t* q_out, int64_t qo_s0,
     uint8_t* q_scale, int64_t Tp, int64_t Gp,
-    uint16_t* kv_out, int64_t kvo_s0) {
+    uint16_t* kv_out, int64_t kvo_s0, const int32_t* rsqrt_tab, const int32_t* rcp_tab,
+    int64_t norm_block, int64_t norm_warps, int64_t norm_per) {
     const float eps = (float)eps_d;
+    const NormLayout lay{(int)norm_block, (int)norm_warps, (int)norm_per};
     const int64_t Gq = Qs / 32;
     std::vector<float> wq(Qs > 0 ? Qs : 1), wk(Ks > 0 ? Ks : 1);
     for (int64_t i = 0; i < Qs; ++i) wq[i] = load_float(qw, i, qw_is_bf16 != 0);
@@ -963,7 +885,7 @@ void dsv41_fused_q_kv_rmsnorm_quant(
                     for (int64_t b = 0; b < 2 * Qs; b += 64) _mm_prefetch(pq + b, _MM_HINT_T0);
                     for (int64_t b = 0; b < 2 * Ks; b += 64) _mm_prefetch(pk + b, _MM_HINT_T0);
                 }
-                qkv_row_avx512(qr + r * qr_s0, Qs, kv + r * kv_s0, Ks, WQ, WK, eps, q_out + r * qo_s0, sbase, Gp,
+                qkv_row_avx512(qr + r * qr_s0, Qs, kv + r * kv_s0, Ks, WQ, WK, eps, rsqrt_tab, rcp_tab, lay, q_out + r * qo_s0, sbase, Gp,
                                kv_out + r * kvo_s0, nt);
                 continue;
             }
@@ -972,8 +894,8 @@ void dsv41_fused_q_kv_rmsnorm_quant(
             {
                 const uint16_t* src = kv + r * kv_s0;
                 for (int64_t i = 0; i < Ks; ++i) x[i] = bf16_to_f32(src[i]);
-                const float ms = (float)(sum_sq_f64(x, Ks) / (double)Ks) + eps;
-                const float rr = (float)(1.0 / std::sqrt((double)ms));
+                const float ms = div_full(tl_sum_sq(x, Ks, lay.block, lay.warps, lay.per), (float)Ks, rcp_tab) + eps;
+                const float rr = rsqrt_approx(ms, rsqrt_tab);
                 uint16_t* dst = kv_out + r * kvo_s0;
                 for (int64_t i = 0; i < Ks; ++i) dst[i] = rk_bf16_canon((x[i] * rr) * WK[i]);
             }
@@ -981,8 +903,8 @@ void dsv41_fused_q_kv_rmsnorm_quant(
             {
                 const uint16_t* src = qr + r * qr_s0;
                 for (int64_t i = 0; i < Qs; ++i) x[i] = bf16_to_f32(src[i]);
-                const float ms = (float)(sum_sq_f64(x, Qs) / (double)Qs) + eps;
-                const float rr = (float)(1.0 / std::sqrt((double)ms));
+                const float ms = div_full(tl_sum_sq(x, Qs, lay.block, lay.warps, lay.per), (float)Qs, rcp_tab) + eps;
+                const float rr = rsqrt_approx(ms, rsqrt_tab);
                 for (int64_t i = 0; i < Qs; ++i) x[i] = rn_bf16((x[i] * rr) * WQ[i]);
                 uint8_t* dst = q_out + r * qo_s0;
                 for (int64_t j = 0; j < Gp; ++j) {

@@ -23,10 +23,12 @@ The RoPE contraction is pinned with ``tl.fma``: ``e' = fma(e, c, -(o*s))``,
 ``x * -1.0``: Triton lowers unary minus to ``0 - x``, which turns -0 into +0 and would break
 finding 2).  NoPE pairs go through the same expression with (cos, sin) = (1, 0).  Every
 other float operation is a single IEEE operation, so every vendor produces the same bytes.
-The few places where the reference is exact where the GPU upstream is approximate use
-float64 (needs fp64 hardware; every NVIDIA / AMD datacenter GPU has it): the RMSNorm sum of
-squares and ``rsqrt`` (``indexer_k_norm_rope_store``, ``fused_save_compress_norm``) and the
-softmax ``exp2`` of the CR-2 pooling (``_exp2_rn``).
+Where vLLM's kernels use the NVIDIA GPU's approximate primitives -- the RMSNorm ``rsqrt``
+(``indexer_k_norm_rope_store``, ``fused_save_compress_norm``), the CR-2 softmax's ``tl.exp``
+and ``div.full`` -- these kernels compute the same bits: with the instructions themselves on
+SM90 (``conversions.approx_hw``), elsewhere from the tables of ``dsv41.core.gpu_approx``
+(``numerics._rsqrt_approx`` and friends); the norms' sums of squares follow vLLM's
+``tl.sum`` order (``reductions``).
 
 Launchers have exactly the signatures of docs/kernel_contract.md: they write into the
 given tensors, allocate nothing, never synchronize (no ``.item()``), use the current
@@ -78,7 +80,11 @@ from .numerics import (  # noqa: F401  (the kernels below call them; tests reach
     _nan_abs,
     _ue8m0_scale,
     _ue8m0_apply,
+    _rsqrt_approx,
+    _div_full,
+    _exp_approx,
 )
+from .reductions import _fold_halves, _lane_sums4, _norm_sum512
 
 __all__ = [
     "CONFIG",
@@ -186,44 +192,6 @@ def _rope(e, o, c, s):
     e2 = tl.fma(e, c, _neg(o * s))
     o2 = tl.fma(o, c, e * s)
     return e2, o2
-
-
-@triton.jit
-def _rsqrt_rn(v):
-    """fl32(1 / sqrt(v)) from float64 sqrt and division (IEEE in float64 on every GPU)."""
-    v64 = v.to(tl.float64)
-    return (tl.full(v64.shape, 1.0, tl.float64) / tl.sqrt(v64)).to(tl.float32)
-
-
-@triton.jit
-def _exp2_rn(y):
-    """fl32(2^y) for fp32 y <= 0, equal to the reference's fl32(exp2(float64 y)) for every
-    fp32 y in [-151, 0] (below -151 both are 0): exhaustive checks of this source in the
-    interpreter (``test_exp2_rn_every_input``) and of its sm_90 build (tests/test_gpu_exhaustive.py).
-
-    2^y = 2^n * 2^f, n = rint(y), f = y - n in [-1/2, 1/2] (exact); 2^f by a degree-11
-    polynomial in float64 (Chebyshev fit, relative error < 2^-55 with its coefficients
-    rounded to float64) with explicit fma, n added to the exponent field (p is in [0.7, 1.5],
-    the product a normal double), then one rounding to fp32.
-    """
-    yc = tl.maximum(y, -151.0)
-    n = tl.floor(yc + 0.5)
-    f = (yc - n).to(tl.float64)
-    # float64 constants made explicitly (a bare Python float may be typed fp32)
-    p = tl.full(f.shape, 4.4558179083360645e-10, tl.float64)
-    p = tl.fma(p, f, tl.full(f.shape, 7.074194297288521e-09, tl.float64))
-    p = tl.fma(p, f, tl.full(f.shape, 1.0178057087733941e-07, tl.float64))
-    p = tl.fma(p, f, tl.full(f.shape, 1.3215432535912375e-06, tl.float64))
-    p = tl.fma(p, f, tl.full(f.shape, 1.5252733841556773e-05, tl.float64))
-    p = tl.fma(p, f, tl.full(f.shape, 0.00015403530463724353, tl.float64))
-    p = tl.fma(p, f, tl.full(f.shape, 0.001333355814640647, tl.float64))
-    p = tl.fma(p, f, tl.full(f.shape, 0.009618129107587256, tl.float64))
-    p = tl.fma(p, f, tl.full(f.shape, 0.055504108664821625, tl.float64))
-    p = tl.fma(p, f, tl.full(f.shape, 0.24022650695910158, tl.float64))
-    p = tl.fma(p, f, tl.full(f.shape, 0.6931471805599453, tl.float64))
-    p = tl.fma(p, f, tl.full(f.shape, 1.0, tl.float64))
-    bits = p.to(tl.int64, bitcast=True) + (n.to(tl.int32).to(tl.int64) << 52)
-    return bits.to(tl.float64, bitcast=True).to(tl.float32)
 
 
 # --------------------------------------------------------------------------------------
@@ -1114,9 +1082,9 @@ def _indexer_store_fp8(cache_ptr, page, o1, d0, q, valid, TILED: tl.constexpr,
 @triton.jit
 def _indexer_k_kernel(
     k_ptr, k_s0, pos_ptr, cs_ptr, cs_s0, cs_rows, w_ptr, eps, cache_ptr, page_stride, slot_ptr, T,
-    capacity, block_size: tl.constexpr,
+    capacity, rs_ptr, block_size: tl.constexpr,
     CR: tl.constexpr, FP4: tl.constexpr, TILED: tl.constexpr, NPT: tl.constexpr,
-    SOFT: tl.constexpr, EXACT_LOG2: tl.constexpr, BLOCK_T: tl.constexpr,
+    SOFT: tl.constexpr, EXACT_LOG2: tl.constexpr, BLOCK_T: tl.constexpr, HW: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     launch.pdl_prologue(PDL)
@@ -1138,11 +1106,15 @@ def _indexer_k_kernel(
                  other=0.0).to(tl.float32)
     wn = tl.load(w_ptr + j).to(tl.float32)
     wr = tl.load(w_ptr + 64 + j).to(tl.float32)
-    # RMSNorm: sum of squares in float64 rounded once, exact /128, correctly rounded rsqrt
-    n64 = xn.to(tl.float64)
-    r64 = xr.to(tl.float64)
-    ss = (tl.sum(n64 * n64, axis=1) + tl.sum(r64 * r64, axis=1)).to(tl.float32)
-    r = _rsqrt_rn(ss * 0.0078125 + eps)[:, None]
+    # RMSNorm as vLLM's one-warp kernel: 32 lanes of 4 contiguous squares (NoPE lanes 0-15,
+    # RoPE 16-31), the xor butterfly (its first step adds lane l and l + 16), exact /128, the
+    # GPU's rsqrt
+    u = _lane_sums4(xn, BLOCK_T, 16) + _lane_sums4(xr, BLOCK_T, 16)
+    u = _fold_halves(u, BLOCK_T, 8)
+    u = _fold_halves(u, BLOCK_T, 4)
+    u = _fold_halves(u, BLOCK_T, 2)
+    ss = tl.reshape(_fold_halves(u, BLOCK_T, 1), (BLOCK_T,))
+    r = _rsqrt_approx(ss * 0.0078125 + eps, rs_ptr, HW)[:, None]
     kn = _bf16_round((xn * r) * wn[None, :], SOFT)
     kr = _bf16_round((xr * r) * wr[None, :], SOFT)
     # NoPE pairs through (1, 0), RoPE pairs at the group's first position; bf16 round trip
@@ -1207,12 +1179,13 @@ def indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, rms_norm_weight, 
     fp4 = bool(use_fp4_cache)
     BT, NW = _shape("indexer", "mxfp4" if fp4 else "fp8", T)
     dev = k_cache.device
+    hw = conversions.approx_hw(dev)
     pdl = launch.decode_pdl(dev, T)
     _indexer_k_launch((launch.cdiv(T, BT),),
         k_pre, k_pre.stride(0), positions, cos_sin_cache, cos_sin_cache.stride(0), cos_sin_cache.shape[0],
         rms_norm_weight, float(rms_norm_eps), k_cache, k_cache.stride(0), kv_slot_mapping, T,
-        k_cache.shape[0] * k_cache.shape[1], k_cache.shape[1],
-        CR=int(compress_ratio), FP4=fp4, TILED=bool(tiled),
+        k_cache.shape[0] * k_cache.shape[1], conversions.approx_table(hw, "rsqrt", dev, k_pre), k_cache.shape[1],
+        CR=int(compress_ratio), FP4=fp4, TILED=bool(tiled), HW=hw,
         NPT=int(mxfp4_n_per_tile) if (fp4 and tiled) else 16,
         SOFT=conversions.integer_path(dev), EXACT_LOG2=_exact_log2(), BLOCK_T=BT, PDL=pdl,
         num_warps=NW, **launch.pdl_kwargs(pdl),
@@ -1225,12 +1198,13 @@ def indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, rms_norm_weight, 
 
 
 @triton.jit
-def _rmsnorm_store(x, w_ptr, eps, out_ptr, out_s0, t, valid, SOFT: tl.constexpr):
-    """bf16(x * rsqrt(sum(x^2)/512 + eps) * w) (sum in float64, rsqrt correctly rounded)."""
+def _rmsnorm_store(x, w_ptr, eps, out_ptr, out_s0, t, valid, ap, SOFT: tl.constexpr,
+                   HW: tl.constexpr):
+    """bf16(x * rsqrt(sum(x^2)/512 + eps) * w): the sum in vLLM's order (``_norm_sum512``),
+    /512 exact, the GPU's rsqrt (``ap``: the rsqrt table)."""
     d = tl.arange(0, 512)
-    x64 = x.to(tl.float64)
-    ss = tl.sum(x64 * x64, axis=1).to(tl.float32)
-    r = _rsqrt_rn(ss * 0.001953125 + eps)
+    ss = _norm_sum512(x, x.shape[0])
+    r = _rsqrt_approx(ss * 0.001953125 + eps, ap, HW)
     w = tl.load(w_ptr + d).to(tl.float32)
     y = (x * r[:, None]) * w[None, :]
     o16 = out_ptr.to(tl.pointer_type(tl.int16))
@@ -1242,8 +1216,9 @@ def _rmsnorm_store(x, w_ptr, eps, out_ptr, out_s0, t, valid, SOFT: tl.constexpr)
 def _compress_norm_kernel(
     kv_ptr, kv_s0, pos_ptr, st_ptr, st_s0, st_s1, cap, slot_ptr, qsl_ptr, t2r_ptr, w_ptr, eps,
     out_ptr, out_s0, T, prev_ptr, prev_s0, pidx_ptr, ring_slots, R, prev_n,
+    rs_ptr, rc_ptr, e2_ptr, e2n_ptr,
     CR: tl.constexpr, SOFT: tl.constexpr, BLOCK_T: tl.constexpr, SPEC: tl.constexpr = False,
-    PTX: tl.constexpr = False, PDL: tl.constexpr = False, HAS_PREV: tl.constexpr = False,
+    HW: tl.constexpr = False, PDL: tl.constexpr = False, HAS_PREV: tl.constexpr = False,
 ):
     # PDL: the ring save (our own PDL secondary) is scheduled while this kernel runs
     launch.pdl_prologue(PDL)
@@ -1257,7 +1232,7 @@ def _compress_norm_kernel(
         valid = tmask & (slot >= 0)
         x = tl.load(kv_ptr + (t.to(tl.int64) * kv_s0)[:, None] + d[None, :], mask=tmask[:, None],
                     other=0.0)
-        _rmsnorm_store(x, w_ptr, eps, out_ptr, out_s0, t, valid, SOFT)
+        _rmsnorm_store(x, w_ptr, eps, out_ptr, out_s0, t, valid, rs_ptr, SOFT, HW)
     else:
         # first round trip: slot, position and request together.  A ring slot past the
         # state cache, a request index outside [0, R) or a position outside [0, 2^31)
@@ -1274,7 +1249,8 @@ def _compress_norm_kernel(
             # past it are not valid, above).
             _pool_pair_store(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, qsl_ptr, w_ptr, eps,
                              out_ptr, out_s0, t, tmask, slot, pos, req, valid, prev_ptr, prev_s0,
-                             pidx_ptr, prev_n, True, SOFT, PTX, HAS_PREV)
+                             pidx_ptr, prev_n, rs_ptr, rc_ptr, e2_ptr, e2n_ptr, True, SOFT, HW,
+                             HAS_PREV)
         else:
             # Program k takes tokens 2k and 2k + 1 (BLOCK_T = 1): of two consecutive tokens of
             # a request exactly one closes a pair, so a prefill has no program without work
@@ -1290,11 +1266,13 @@ def _compress_norm_kernel(
             if tl.max(valid.to(tl.int32), axis=0) > 0:
                 _pool_pair_store(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, qsl_ptr, w_ptr, eps,
                                  out_ptr, out_s0, t, valid, slot, pos, req, valid, prev_ptr,
-                                 prev_s0, pidx_ptr, prev_n, False, SOFT, PTX, HAS_PREV)
+                                 prev_s0, pidx_ptr, prev_n, rs_ptr, rc_ptr, e2_ptr, e2n_ptr, False,
+                                 SOFT, HW, HAS_PREV)
             if tl.max(valid1.to(tl.int32), axis=0) > 0:
                 _pool_pair_store(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, qsl_ptr, w_ptr, eps,
                                  out_ptr, out_s0, t1, valid1, slot1, pos1, req1, valid1, prev_ptr,
-                                 prev_s0, pidx_ptr, prev_n, False, SOFT, PTX, HAS_PREV)
+                                 prev_s0, pidx_ptr, prev_n, rs_ptr, rc_ptr, e2_ptr, e2n_ptr, False,
+                                 SOFT, HW, HAS_PREV)
 
 
 _compress_norm_launch = bind(_compress_norm_kernel)
@@ -1315,7 +1293,8 @@ def _pair_closer(slot, pos, req, ring_slots, R):
 @triton.jit
 def _pool_pair_store(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, qsl_ptr, w_ptr, eps, out_ptr,
                      out_s0, t, rows_m, slot, pos, req, valid, prev_ptr, prev_s0, pidx_ptr, prev_n,
-                     RING_EARLY: tl.constexpr, SOFT: tl.constexpr, PTX: tl.constexpr,
+                     rs_ptr, rc_ptr, e2_ptr, e2n_ptr,
+                     RING_EARLY: tl.constexpr, SOFT: tl.constexpr, HW: tl.constexpr,
                      HAS_PREV: tl.constexpr):
     """CR 2, the closing tokens ``valid``: pool the older row (the previous input row, or
     for the first token of a chunk the ring row the previous chunk stored) with the token's
@@ -1359,55 +1338,26 @@ def _pool_pair_store(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, qsl_ptr, w_ptr, e
         kvr = tl.load(st_ptr + ring, mask=ring_m[:, None], other=0.0)
         sr = tl.load(st_ptr + ring + 512, mask=ring_m[:, None], other=0.0)
     in_m = (valid & (t != q0))[:, None]
-    x = _pool2(tl.where(in_m, kvp, kvr), tl.where(in_m, sp, sr), kvb, sb, PTX)
-    _rmsnorm_store(x, w_ptr, eps, out_ptr, out_s0, t, valid, SOFT)
+    x = _pool2(tl.where(in_m, kvp, kvr), tl.where(in_m, sp, sr), kvb, sb, rc_ptr, e2_ptr, e2n_ptr, HW)
+    _rmsnorm_store(x, w_ptr, eps, out_ptr, out_s0, t, valid, rs_ptr, SOFT, HW)
 
 
 @triton.jit
-def _pool2(kva, sa, kvb, sb, PTX: tl.constexpr):
-    """Softmax-weighted pool of the older row a and the newer row b by their scores, as the
-    reference: the larger score's weight is exp(0) = 1, the other ``small`` = exp(-|sa - sb|)
-    (sb - sa == -(sa - sb) exactly), the weights 1 / (1 + small) and small / (1 + small)
-    (IEEE divisions); a NaN score makes everything NaN."""
+def _pool2(kva, sa, kvb, sb, rc_ptr, e2_ptr, e2n_ptr, HW: tl.constexpr):
+    """Softmax-weighted pool of the older row a and the newer row b by their scores, as vLLM's
+    ``tl.softmax`` over the pair computes it on the GPU: the larger score's weight is exp(0) = 1,
+    the other ``small`` = exp(-|sa - sb|) (sb - sa == -(sa - sb) exactly) by the GPU's ``tl.exp``,
+    the weights ``div.full`` of 1 and ``small`` by 1 + small; a NaN score makes everything NaN.
+    Then ``fma(w_a, kv_a, w_b · kv_b)``."""
     z = _neg(tl.abs(sa - sb))
-    small = tl.where(z != z, z, _exp2_rn(z * 1.4426950408889634))
-    w1, ws = _pool_weights(small, PTX)
+    small = tl.where(z != z, z, _exp_approx(z, e2_ptr, e2n_ptr, HW))
+    den = 1.0 + small
+    w1 = _div_full(tl.full(den.shape, 1.0, tl.float32), den, rc_ptr, HW)
+    ws = _div_full(small, den, rc_ptr, HW)
     ge = sa >= sb
     wa = tl.where(ge, w1, ws)
     wb = tl.where(ge, ws, w1)
     return tl.fma(wa, kva, wb * kvb)
-
-
-@triton.jit
-def _pool_weights(small, PTX: tl.constexpr):
-    """(1 / (1 + small), small / (1 + small)), both IEEE-rounded, for small in [0, 1] or NaN."""
-    den = 1.0 + small  # in [1, 2], or NaN
-    if PTX:
-        # Both divisions share one reciprocal: the sequence div.rn's fast path compiles to
-        # (rcp, two fma for the reciprocal, mul and two fma per quotient) without its range
-        # check and slow path, which only matter for operands this domain never has: den in
-        # (1, 2] and small > 2^-24 normal; den == 1 (small <= 2^-24) gives 1 and small
-        # exactly.  Equal to div_rn for every fp32 small in [0, 1] (exhaustive GPU check,
-        # tests/test_gpu.py::test_pool_weights_exhaustive).
-        r = _rcp_approx(den)
-        r = tl.fma(r, tl.fma(_neg(den), r, 1.0), r)
-        w1 = tl.fma(r, tl.fma(_neg(den), r, 1.0), r)
-        qs = small * r
-        ws = tl.fma(r, tl.fma(_neg(den), qs, small), qs)
-        one = den == 1.0
-        w1 = tl.where(one, 1.0, w1)
-        ws = tl.where(one, small, ws)
-    else:
-        w1 = tl.math.div_rn(tl.full(den.shape, 1.0, tl.float32), den)
-        ws = tl.math.div_rn(small, den)
-    return w1, ws
-
-
-@triton.jit
-def _rcp_approx(x):
-    """``rcp.approx.ftz.f32`` (MUFU.RCP), the first step of an fp32 division; NVIDIA only."""
-    return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [x],
-                                     dtype=tl.float32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -1450,14 +1400,17 @@ def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, que
         return
     soft = _soft(latent_out)
     eps = float(rms_norm_eps)
-    pdl = launch.decode_pdl(latent_out.device, T)
+    dev = latent_out.device
+    pdl = launch.decode_pdl(dev, T)
+    hw = conversions.approx_hw(dev)
+    rs = conversions.approx_table(hw, "rsqrt", dev, latent_out)
     if compress_ratio == 1:
         BT, NW = _shape("norm1", None, T)
         _compress_norm_launch((launch.cdiv(T, BT),),
             kv_score, kv_score.stride(0), slot_mapping, kv_score, 0, 0, 1, slot_mapping,
             slot_mapping, slot_mapping, rms_norm_weight, eps, latent_out, latent_out.stride(0), T,
-            kv_score, 0, slot_mapping, 0, 0, 0,
-            CR=1, SOFT=soft, BLOCK_T=BT, PDL=pdl, num_warps=NW, **launch.pdl_kwargs(pdl),
+            kv_score, 0, slot_mapping, 0, 0, 0, rs, rs, rs, rs,
+            CR=1, SOFT=soft, BLOCK_T=BT, HW=hw, PDL=pdl, num_warps=NW, **launch.pdl_kwargs(pdl),
         )
         return
     cap = state_cache.shape[1]
@@ -1482,7 +1435,9 @@ def fused_save_compress_norm(kv_score, positions, state_cache, slot_mapping, que
         prev_rows if has_prev else kv_score, prev_rows.stride(0) if has_prev else 0,
         prev_row_indices if has_prev else slot_mapping, state_cache.shape[0] * cap, R,
         prev_rows.shape[0] if has_prev else 0,
-        CR=2, SOFT=soft, BLOCK_T=BT, SPEC=spec, PTX=_ptx(latent_out), PDL=pdl or ring_pdl,
+        rs, conversions.approx_table(hw, "rcp", dev, latent_out), conversions.approx_table(hw, "ex2", dev, latent_out),
+        conversions.approx_table(hw, "ex2neg", dev, latent_out),
+        CR=2, SOFT=soft, BLOCK_T=BT, SPEC=spec, HW=hw, PDL=pdl or ring_pdl,
         HAS_PREV=has_prev, num_warps=NW, **launch.pdl_kwargs(pdl), **_maxnreg(latent_out, None if spec else CONFIG["norm2_maxnreg"]),
     )
     if ring:
@@ -1614,14 +1569,14 @@ def _register_aot() -> None:
 
     idx_t = {"k_ptr": "*bf16", "k_s0": "i32", "pos_ptr": "*i64", "cs_ptr": "*fp32",
              "cs_s0": "i32", "cs_rows": "i32", "w_ptr": "*bf16", "eps": "fp32", "cache_ptr": "*u8",
-             "page_stride": "i32", "slot_ptr": "*i64", "T": "i32", "capacity": "i32"}
+             "page_stride": "i32", "slot_ptr": "*i64", "T": "i32", "capacity": "i32", "rs_ptr": "*i32"}
     layouts = [(_CUDA, False, "native", False, False, 16), (_CUDA, False, "native", True, False, 16)]
     layouts += [(_HIP, True, "soft", fp4, tiled, npt)
                 for fp4, tiled, npt in ((False, False, 16), (True, False, 16), (False, True, 16),
                                         (True, True, 16), (True, True, 32), (True, True, 64))]
     for targets, soft, flav, fp4, tiled, npt in layouts:
         tag = f"{'mxfp4' if fp4 else 'fp8'},{'tiled' + str(npt) if tiled else 'rows'},{flav}"
-        add(_indexer_k_kernel, tag, idx_t, dict(block_size=AOT_BLOCK_SIZE, CR=2, FP4=fp4, TILED=tiled, NPT=npt, SOFT=soft,
+        add(_indexer_k_kernel, tag, idx_t, dict(block_size=AOT_BLOCK_SIZE, CR=2, FP4=fp4, TILED=tiled, NPT=npt, SOFT=soft, HW=not soft,
                                                 EXACT_LOG2=True, BLOCK_T=_shape("indexer", "mxfp4" if fp4 else "fp8")[0]),
             targets, _shape("indexer", "mxfp4" if fp4 else "fp8")[1], ("k_ptr", "k_s0", "cs_ptr", "cs_s0", "cache_ptr", "page_stride"))
 
@@ -1629,7 +1584,8 @@ def _register_aot() -> None:
               "st_s0": "i32", "st_s1": "i32", "cap": "i32", "slot_ptr": "*i64",
               "qsl_ptr": "*i32", "t2r_ptr": "*i32", "w_ptr": "*bf16", "eps": "fp32",
               "out_ptr": "*bf16", "out_s0": "i32", "T": "i32", "prev_ptr": "*fp32", "prev_s0": "i32",
-              "pidx_ptr": "*i32", "ring_slots": "i32", "R": "i32", "prev_n": "i32"}
+              "pidx_ptr": "*i32", "ring_slots": "i32", "R": "i32", "prev_n": "i32",
+              "rs_ptr": "*i32", "rc_ptr": "*i32", "e2_ptr": "*i32", "e2n_ptr": "*i32"}
     ring_t = {"kv_ptr": "*fp32", "kv_s0": "i32", "st_ptr": "*fp32", "st_s0": "i32",
               "st_s1": "i32", "cap": "i32", "slot_ptr": "*i64", "qsl_ptr": "*i32", "T": "i32",
               "ring_slots": "i32"}
@@ -1639,14 +1595,14 @@ def _register_aot() -> None:
     for targets, soft, flav in vendors:
         for cr in (1, 2):
             add(_compress_norm_kernel, f"cr{cr},{flav}", norm_t, dict(
-                CR=cr, SOFT=soft, PTX=not soft, BLOCK_T=_shape(f"norm{cr}", None)[0]), targets,
+                CR=cr, SOFT=soft, HW=not soft, BLOCK_T=_shape(f"norm{cr}", None)[0]), targets,
                 _shape(f"norm{cr}", None)[1], norm_div)
         # CR 2 with prev_rows: the decode tiles and the pair programs
         add(_compress_norm_kernel, f"cr2,{flav},decode,prev", norm_t, dict(
-            CR=2, SOFT=soft, PTX=not soft, BLOCK_T=_shape("norm2", None, 1)[0], SPEC=True,
+            CR=2, SOFT=soft, HW=not soft, BLOCK_T=_shape("norm2", None, 1)[0], SPEC=True,
             HAS_PREV=True), targets, _shape("norm2", None, 1)[1], norm_div + ("prev_ptr", "prev_s0"))
         add(_compress_norm_kernel, f"cr2,{flav},pairs,prev", norm_t, dict(
-            CR=2, SOFT=soft, PTX=not soft, BLOCK_T=1, HAS_PREV=True), targets,
+            CR=2, SOFT=soft, HW=not soft, BLOCK_T=1, HAS_PREV=True), targets,
             _shape("norm2", None)[1], norm_div + ("prev_ptr", "prev_s0"))
         add(_ring_save_kernel, flav, ring_t, {"PDL": False}, targets, nw["ring"],
             ("kv_ptr", "kv_s0", "st_ptr", "st_s0", "st_s1"))
@@ -1654,18 +1610,18 @@ def _register_aot() -> None:
             ("rows_ptr", "rows_s0", "st_ptr", "st_s0", "st_s1"))
     # the CR-2 decode pair as launched on SM90+ (speculative loads, PDL)
     add(_compress_norm_kernel, "cr2,native,decode,pdl", norm_t, dict(
-        CR=2, SOFT=False, BLOCK_T=_shape("norm2", None, 1)[0], SPEC=True, PTX=True, PDL=True), _CUDA,
+        CR=2, SOFT=False, BLOCK_T=_shape("norm2", None, 1)[0], SPEC=True, HW=True, PDL=True), _CUDA,
         _shape("norm2", None, 1)[1], ("kv_ptr", "kv_s0", "out_ptr", "out_s0", "st_ptr", "st_s0",
                                       "st_s1"))
     # the CR-2 pair programs as launched on SM90+ (PDL on: they trigger the ring save)
     add(_compress_norm_kernel, "cr2,native,pairs,pdl", norm_t, dict(
-        CR=2, SOFT=False, BLOCK_T=1, PTX=True, PDL=True), _CUDA, _shape("norm2", None)[1],
+        CR=2, SOFT=False, BLOCK_T=1, HW=True, PDL=True), _CUDA, _shape("norm2", None)[1],
         ("kv_ptr", "kv_s0", "out_ptr", "out_s0", "st_ptr", "st_s0", "st_s1"))
     add(_ring_save_kernel, "native,pdl", ring_t, {"PDL": True}, _CUDA, nw["ring"],
         ("kv_ptr", "kv_s0", "st_ptr", "st_s0", "st_s1"))
     # with prev_rows on SM90+: the decode launch is a PDL launch (no ring save follows)
     add(_compress_norm_kernel, "cr2,native,decode,pdl,prev", norm_t, dict(
-        CR=2, SOFT=False, BLOCK_T=_shape("norm2", None, 1)[0], SPEC=True, PTX=True, PDL=True,
+        CR=2, SOFT=False, BLOCK_T=_shape("norm2", None, 1)[0], SPEC=True, HW=True, PDL=True,
         HAS_PREV=True), _CUDA, _shape("norm2", None, 1)[1], norm_div + ("prev_ptr", "prev_s0"))
     add(_save_ring_rows_kernel, "native,pdl", rows_t, {"PDL": True}, _CUDA, nw["ring"],
         ("rows_ptr", "rows_s0", "st_ptr", "st_s0", "st_s1"))

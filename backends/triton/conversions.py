@@ -21,7 +21,10 @@ import contextvars
 
 import torch
 
-__all__ = ["forced", "portable", "integer_path", "ptx", "paths", "pdl_allowed", "PATHS"]
+from dsv41.core import gpu_approx
+
+__all__ = ["forced", "portable", "integer_path", "ptx", "paths", "pdl_allowed", "approx_hw", "approx_table",
+           "PATHS"]
 
 PATHS = ("integer", "hardware")
 _FORCED: contextvars.ContextVar = contextvars.ContextVar("dsv41_triton_conversion_path", default=None)
@@ -55,6 +58,33 @@ def paths(device: torch.device) -> tuple[bool, bool]:
     nvidia = _nvidia(device)
     integer = path == "integer" if path is not None else not nvidia
     return integer, nvidia and not integer
+
+
+# The architectures whose approximate rsqrt / rcp / ex2 were measured equal to the tables of
+# dsv41.core.gpu_approx (tests/test_gpu_exhaustive.py, every fp32 input): (major, minor).
+APPROX_MEASURED = ((9, 0),)
+_approx_arch: dict = {}
+
+
+def approx_hw(device: torch.device) -> bool:
+    """Whether a launch on ``device`` computes the GPU's approximate primitives (``tl.rsqrt``,
+    fp32 ``/``, ``tl.exp``) with the instructions themselves: the hardware path on an NVIDIA GPU
+    whose instructions are the tables' (``APPROX_MEASURED``); elsewhere the kernels read the
+    tables, for the same bits."""
+    if not ptx(device):
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    hw = _approx_arch.get(index)
+    if hw is None:
+        hw = _approx_arch[index] = torch.cuda.get_device_capability(index) in APPROX_MEASURED
+    return hw
+
+
+def approx_table(hw: bool, name: str, device, stand_in):
+    """The int32 table ``name`` of ``dsv41.core.gpu_approx`` on ``device`` for a launch that
+    computes the GPU's approximate primitive from it; a launch on the instruction itself
+    (``hw``) never reads it and gets ``stand_in`` (any tensor of the call)."""
+    return stand_in if hw else gpu_approx.result_bits(name, device)
 
 
 def pdl_allowed() -> bool:

@@ -396,3 +396,89 @@ def _inv_pow2_of(e):
     """2^-e as fp32 for integer e in [-126, 128]; 0 for e >= 127 (``exp2i`` flush)."""
     bits = tl.where(e >= 127, 0, (127 - e) << 23)
     return bits.to(tl.float32, bitcast=True)
+
+
+# --------------------------------------------------------------------------------------
+# The NVIDIA GPU's approximate primitives (dsv41.core.gpu_approx): ``HW`` uses the instruction
+# itself (an SM90 GPU, where the tables were measured), otherwise the table, passed as an int32
+# pointer of result bits (``gpu_approx.result_bits``), gives the same bits on any device.
+# --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _rsqrt_approx(x, tab_ptr, HW: tl.constexpr):
+    """``rsqrt.approx.ftz.f32`` of fp32 ``x`` (``tl.rsqrt`` on NVIDIA)."""
+    if HW:
+        return tl.rsqrt(x)
+    else:
+        b = x.to(tl.int32, bitcast=True)
+        ef = (b >> 23) & 0xFF
+        e = ef - 127
+        ok = (ef > 0) & (ef < 255) & (b > 0)
+        idx = tl.where(ok, ((e & 1) << 23) | (b & 0x7FFFFF), 0)
+        t = tl.load(tab_ptr + idx)
+        out = t - ((e >> 1) << 23)
+        out = tl.where(ef == 0, tl.where(b < 0, -8388608, 0x7F800000), out)  # +-0 / subnormal: +-inf
+        out = tl.where((ef != 0) & (b < 0), 0x7FFFFFFF, out)  # negative, -inf, NaN: canonical NaN
+        out = tl.where((ef == 255) & (b > 0), tl.where((b & 0x7FFFFF) == 0, 0, 0x7FFFFFFF), out)
+        return out.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _rcp_approx_t(x, tab_ptr):
+    """``rcp.approx.ftz.f32`` of fp32 ``x`` from its table (any device)."""
+    b = x.to(tl.int32, bitcast=True)
+    sign = b & -2147483648
+    ef = (b >> 23) & 0xFF
+    mag = tl.load(tab_ptr + (b & 0x7FFFFF)) - ((ef - 127) << 23)
+    mag = tl.where(mag < 8388608, 0, mag)  # subnormal result: flushed
+    mag = tl.where(ef == 0, 0x7F800000, mag)
+    nan = (ef == 255) & ((b & 0x7FFFFF) != 0)
+    mag = tl.where(ef == 255, 0, mag)
+    out = tl.where(nan, 0x7FFFFFFF, mag | sign)
+    return out.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _div_full(a, b, tab_ptr, HW: tl.constexpr):
+    """``div.full.f32(a, b)`` (fp32 ``a / b`` in Triton on NVIDIA) = ``fl32(a * rcp(b))``, both
+    operands scaled by 2^24 for a subnormal ``b`` and by 1/4 for ``|b| >= 2^126`` first."""
+    if HW:
+        return a / b
+    else:
+        mag = tl.abs(b)
+        scale = tl.where(mag >= 8.507059173023462e37, 0.25, tl.where(mag < 1.1754943508222875e-38, 16777216.0, 1.0))
+        return (a * scale) * _rcp_approx_t(b * scale, tab_ptr)
+
+
+@triton.jit
+def _ex2_approx_t(x, pos_ptr, neg_ptr):
+    """``ex2.approx.ftz.f32`` from the two tables: |x| as fixed point with 23 fraction bits,
+    truncated; 2^(±(m + f)) = T±[f] · 2^(±m)."""
+    b = x.to(tl.int32, bitcast=True)
+    neg = b < 0
+    mag = tl.minimum(tl.abs(x), 1073741824.0)  # 2^30: far past overflow / underflow
+    q = (mag * 8388608.0).to(tl.int64)  # exact product, then truncation (mag >= 0)
+    m = (q >> 23).to(tl.int32)
+    f = (q & 8388607).to(tl.int32)
+    tp = tl.load(pos_ptr + f)
+    tn = tl.load(neg_ptr + f)
+    m = tl.minimum(m, 300)  # keeps m << 23 in int32; results are 0 / inf long before
+    out = tl.where(neg, tn - (m << 23), tp + (m << 23))
+    ovf = (~neg) & ((tp.to(tl.int64) + (m.to(tl.int64) << 23)) >= 0x7F800000)
+    udf = neg & ((tn.to(tl.int64) - (m.to(tl.int64) << 23)) < 8388608)
+    out = tl.where(ovf, 0x7F800000, tl.where(udf, 0, out))
+    out = tl.where(x != x, 0x7FFFFFFF, out)
+    return out.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _exp_approx(z, pos_ptr, neg_ptr, HW: tl.constexpr):
+    """``tl.exp`` on NVIDIA: ``ex2.approx.f32(fl32(z · fl32(log2 e)))`` without ftz (a result
+    below 2^-126 is the square of the half-argument's ftz result)."""
+    if HW:
+        return tl.exp(z)
+    else:
+        arg = z * 1.4426950408889634
+        h = _ex2_approx_t(arg * 0.5, pos_ptr, neg_ptr)
+        return tl.where(arg < -126.0, h * h, _ex2_approx_t(arg, pos_ptr, neg_ptr))

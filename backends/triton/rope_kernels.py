@@ -19,8 +19,8 @@ constexprs instead of being copied per vendor:
 * NaN never enters an amax (explicitly masked: max.f32 / fmax semantics of §2.7, F3).
 
 Numerics are byte-identical to ``dsv41.reference`` (indexer.py, output_quant.py), which is
-the CUDA (Triton, SM90) behaviour; the RMSNorm of ``fused_q_kv_rmsnorm_quant`` follows the
-reference's float64 sum-of-squares and correctly rounded rsqrt (``ACC_F64``).
+the CUDA (Triton, SM90) behaviour; the RMSNorm of ``fused_q_kv_rmsnorm_quant`` sums in the
+order of vLLM's kernel and uses the GPU's rsqrt (``_vllm_mean_sq``, ``numerics._rsqrt_approx``).
 
 Launchers follow docs/kernel_contract.md: validated inputs, preallocated outputs written in
 place, return None, one kernel launch, no host synchronisation and no allocation (only
@@ -36,10 +36,11 @@ import triton
 import triton.language as tl
 
 from dsv41.core.formats import scale_byte_strides
+from dsv41.reference.output_quant import vllm_norm_layout
 
 from . import conversions, launch, tuning
 from .bound import bind
-from .reductions import _rmax, _rsum
+from .reductions import _fold_halves, _rmax, _warp_sum32
 from .numerics import (  # noqa: F401
     _neg_sign_bit,
     _rn_bf16,
@@ -51,6 +52,8 @@ from .numerics import (  # noqa: F401
     _ceil_exp_log,
     _pow2_of,
     _inv_pow2_of,
+    _rsqrt_approx,
+    _div_full,
 )
 
 __all__ = [
@@ -606,26 +609,47 @@ def _inv_rope_config(T: int, Ta: int, NH: int, Dh: int, qg: int) -> tuple:
 
 
 @triton.jit
-def _rrms(ss64, size, eps, ACC_F64: tl.constexpr):
-    """rrms = RN32(1/sqrt(RN32(RN32(Σx²/size) + eps))) from the float64 row sums ``ss64``:
-    the reference's correctly rounded arithmetic (division, sqrt and reciprocal in float64,
-    each IEEE-rounded).  Without ACC_F64 (devices lacking fp64) the same in fp32 (close, not
-    bit-exact)."""
-    if ACC_F64:
-        # fp64 '/' and sqrt are IEEE (div.rn.f64 / sqrt.rn.f64; there is no fp64 approx).
-        ms = (ss64 / (tl.full(ss64.shape, 0, ss64.dtype) + size)).to(tl.float32) + eps
-        one = tl.full(ms.shape, 1.0, tl.float64)
-        r = (one / tl.sqrt(ms.to(tl.float64))).to(tl.float32)
-    else:
-        ms = tl.math.div_rn(ss64, tl.full(ss64.shape, 0, ss64.dtype) + size) + eps
-        r = tl.math.div_rn(tl.full(ms.shape, 1.0, tl.float32), tl.sqrt_rn(ms))
-    return r
+def _vllm_mean_sq(row_ptr, row_off, rm, size, rc_ptr, VB: tl.constexpr, VW: tl.constexpr,
+                  VP: tl.constexpr, HW: tl.constexpr):
+    """``Σx²/size`` of the rows at ``row_ptr + row_off`` (``[BT]`` offsets, ``rm`` the rows that
+    exist) as vLLM's Q / KV norm computes it (``reference.output_quant.vllm_norm_layout``:
+    ``VB`` block, ``VW`` warps, ``VP`` elements per thread): each of the 32·VW threads reads its
+    registers in order (repetition, element) and accumulates ``fma(e0, e0, e1²)``, then
+    ``fma(ek, ek, acc)``; the warp butterfly; the warp sums folded by xor; the mean a
+    ``div.full`` by ``size`` (``gpu_approx.tl_sum_sq``, ``div_full``)."""
+    VT: tl.constexpr = 32 * VW
+    R: tl.constexpr = VB // VT
+    tt = tl.arange(0, VT)
+    first = tl.zeros([row_off.shape[0], VT], tl.float32)
+    acc = tl.zeros([row_off.shape[0], VT], tl.float32)
+    for k in tl.static_range(R):
+        col = (k // VP) * (VT * VP) + tt * VP + (k % VP)
+        e = tl.load(row_ptr + row_off[:, None] + col[None, :], mask=rm[:, None] & (col < size)[None, :],
+                    other=0.0).to(tl.float32)
+        if k == 0:
+            first = e
+        elif k == 1:
+            acc = tl.fma(first, first, e * e)
+        else:
+            acc = tl.fma(e, e, acc)
+    if R == 1:
+        acc = first * first
+    BT: tl.constexpr = row_off.shape[0]
+    w = tl.reshape(_warp_sum32(tl.reshape(acc, (BT * VW, 32)), BT * VW), (BT, VW))
+    if VW >= 8:
+        w = _fold_halves(w, BT, 4)
+    if VW >= 4:
+        w = _fold_halves(w, BT, 2)
+    if VW >= 2:
+        w = _fold_halves(w, BT, 1)
+    ss = tl.reshape(w, (BT,))
+    return _div_full(ss, tl.full(ss.shape, size, tl.float32), rc_ptr, HW)
 
 
 @triton.jit
-def _q_rows(qr_ptr, s_qr, qw_ptr, eps, qo_ptr, s_qo, qs_ptr, s_qs, r, T, Tp, QS, Gq, Gp,
-            BLOCK_G: tl.constexpr, Q_BF16: tl.constexpr, ACC_F64: tl.constexpr,
-            CVT_HW: tl.constexpr):
+def _q_rows(qr_ptr, s_qr, qw_ptr, eps, qo_ptr, s_qo, qs_ptr, s_qs, r, T, Tp, QS, Gq, Gp, rs_ptr,
+            rc_ptr, BLOCK_G: tl.constexpr, Q_BF16: tl.constexpr, CVT_HW: tl.constexpr,
+            HW: tl.constexpr, VB: tl.constexpr, VW: tl.constexpr, VP: tl.constexpr):
     """Q rows ``r``: RMSNorm, q.dtype round trip, MXFP8 per 32 + swizzled scale bytes."""
     rm = r < T
     r64 = r.to(tl.int64)
@@ -635,11 +659,7 @@ def _q_rows(qr_ptr, s_qr, qw_ptr, eps, qo_ptr, s_qo, qs_ptr, s_qs, r, T, Tp, QS,
     m = rm[:, None] & cm[None, :]
     x = tl.load(qr_ptr + (r64 * s_qr)[:, None] + col[None, :], mask=m, other=0.0).to(tl.float32)
     w = tl.load(qw_ptr + col, mask=cm, other=0.0).to(tl.float32)[None, :]
-    if ACC_F64:
-        xa = x.to(tl.float64)
-    else:
-        xa = x
-    rr = _rrms(_rsum(xa * xa, axis=1), QS, eps, ACC_F64)  # one reduction over the row
+    rr = _rsqrt_approx(_vllm_mean_sq(qr_ptr, r64 * s_qr, rm, QS, rc_ptr, VB, VW, VP, HW) + eps, rs_ptr, HW)
     y = (x * rr[:, None]) * w
     if Q_BF16:
         y = _rn_bf16(y, CVT_HW)  # q.dtype round trip
@@ -666,9 +686,9 @@ def _q_rows(qr_ptr, s_qr, qw_ptr, eps, qo_ptr, s_qo, qs_ptr, s_qs, r, T, Tp, QS,
 
 
 @triton.jit
-def _kv_rows(kv_ptr, s_kv, kvw_ptr, eps, kvo_ptr, s_kvo, r, T, KS,
-             BLOCK_KV: tl.constexpr, KV_BF16: tl.constexpr, ACC_F64: tl.constexpr,
-             CVT_HW: tl.constexpr):
+def _kv_rows(kv_ptr, s_kv, kvw_ptr, eps, kvo_ptr, s_kvo, r, T, KS, rs_ptr, rc_ptr,
+             BLOCK_KV: tl.constexpr, KV_BF16: tl.constexpr, CVT_HW: tl.constexpr,
+             HW: tl.constexpr, VB: tl.constexpr, VW: tl.constexpr, VP: tl.constexpr):
     """KV rows ``r``: RMSNorm stored in kv_out's dtype (bf16 RNE, NaN -> 0x7FFF)."""
     rm = r < T
     r64 = r.to(tl.int64)
@@ -677,11 +697,7 @@ def _kv_rows(kv_ptr, s_kv, kvw_ptr, eps, kvo_ptr, s_kvo, r, T, KS,
     m = rm[:, None] & cm[None, :]
     x = tl.load(kv_ptr + (r64 * s_kv)[:, None] + col[None, :], mask=m, other=0.0).to(tl.float32)
     w = tl.load(kvw_ptr + col, mask=cm, other=0.0).to(tl.float32)[None, :]
-    if ACC_F64:
-        xa = x.to(tl.float64)
-    else:
-        xa = x
-    rr = _rrms(_rsum(xa * xa, axis=1), KS, eps, ACC_F64)
+    rr = _rsqrt_approx(_vllm_mean_sq(kv_ptr, r64 * s_kv, rm, KS, rc_ptr, VB, VW, VP, HW) + eps, rs_ptr, HW)
     y = (x * rr[:, None]) * w
     off = (r64 * s_kvo)[:, None] + col[None, :]
     if KV_BF16:
@@ -695,10 +711,12 @@ def _q_kv_rmsnorm_kernel(
     qr_ptr, s_qr, kv_ptr, s_kv, qw_ptr, kvw_ptr, eps,
     qo_ptr, s_qo, qs_ptr, s_qs, kvo_ptr, s_kvo,
     T, Tp, QS: tl.constexpr, KS: tl.constexpr, Gq: tl.constexpr, Gp: tl.constexpr, n_q_tiles,
+    rs_ptr, rc_ptr,
     BLOCK_T: tl.constexpr, BLOCK_TKV: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_KV: tl.constexpr,
-    Q_BF16: tl.constexpr, KV_BF16: tl.constexpr, ACC_F64: tl.constexpr, CVT_HW: tl.constexpr,
-    PDL: tl.constexpr = False,
+    Q_BF16: tl.constexpr, KV_BF16: tl.constexpr, CVT_HW: tl.constexpr,
+    VB: tl.constexpr, VW: tl.constexpr, VPQ: tl.constexpr, VPK: tl.constexpr,
+    HW: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     launch.pdl_prologue(PDL)
     # 1-D grid: the first n_q_tiles programs take BLOCK_T Q rows each (rows up to Tp, so
@@ -706,12 +724,12 @@ def _q_kv_rmsnorm_kernel(
     pid = tl.program_id(0)
     if pid < n_q_tiles:
         _q_rows(qr_ptr, s_qr, qw_ptr, eps, qo_ptr, s_qo, qs_ptr, s_qs,
-                pid * BLOCK_T + tl.arange(0, BLOCK_T), T, Tp, QS, Gq, Gp,
-                BLOCK_G, Q_BF16, ACC_F64, CVT_HW)
+                pid * BLOCK_T + tl.arange(0, BLOCK_T), T, Tp, QS, Gq, Gp, rs_ptr, rc_ptr,
+                BLOCK_G, Q_BF16, CVT_HW, HW, VB, VW, VPQ)
     else:
         _kv_rows(kv_ptr, s_kv, kvw_ptr, eps, kvo_ptr, s_kvo,
-                 (pid - n_q_tiles) * BLOCK_TKV + tl.arange(0, BLOCK_TKV), T, KS,
-                 BLOCK_KV, KV_BF16, ACC_F64, CVT_HW)
+                 (pid - n_q_tiles) * BLOCK_TKV + tl.arange(0, BLOCK_TKV), T, KS, rs_ptr, rc_ptr,
+                 BLOCK_KV, KV_BF16, CVT_HW, HW, VB, VW, VPK)
 
 
 _q_kv_rmsnorm_launch = bind(_q_kv_rmsnorm_kernel)
@@ -735,10 +753,10 @@ def fused_q_kv_rmsnorm_quant(qr, kv, q_weight, kv_weight, eps, q_out, q_scale_ou
     block_kv = _pow2(KS)
     # One Q row per program (measured best on the H200: the per-row RMS chain and the
     # swizzled scale bytes make wide tiles slower); KV programs take as many elements.
-    bt, warps, acc_f64 = 1, 4, True
+    bt, warps = 1, 4
     cfg = _launch_shape("fused_q_kv_rmsnorm_quant", T)
     if cfg:
-        bt, warps, acc_f64 = cfg["BLOCK_T"], cfg["num_warps"], cfg.get("ACC_F64", True)
+        bt, warps = cfg["BLOCK_T"], cfg["num_warps"]
     bt_kv = max(1, min(_pow2(T), bt * block_g * 32 // block_kv))
     if cfg and "BLOCK_TKV" in cfg:
         bt_kv = cfg["BLOCK_TKV"]
@@ -747,14 +765,18 @@ def fused_q_kv_rmsnorm_quant(qr, kv, q_weight, kv_weight, eps, q_out, q_scale_ou
     qo = q_out.view(torch.uint8)
     n_q_tiles = launch.cdiv(Tp, bt)
     grid = (n_q_tiles + launch.cdiv(T, bt_kv),)
-    pdl = launch.decode_pdl(qr.device, T)
+    dev = qr.device
+    vb, vw, vpq = vllm_norm_layout(QS, KS, qr.element_size())
+    pdl = launch.decode_pdl(dev, T)
+    hw = conversions.approx_hw(dev)
     _q_kv_rmsnorm_launch(grid,
         qr, qr.stride(0), kv, kv.stride(0), q_weight, kv_weight, float(eps),
         qo, qo.stride(0), q_scale_out, q_scale_out.stride(0), kvo, kvo.stride(0),
-        T, Tp, QS, KS, Gq, Gp, n_q_tiles,
+        T, Tp, QS, KS, Gq, Gp, n_q_tiles, conversions.approx_table(hw, "rsqrt", dev, qr), conversions.approx_table(hw, "rcp", dev, qr),
         BLOCK_T=bt, BLOCK_TKV=bt_kv, BLOCK_G=block_g, BLOCK_KV=block_kv,
-        Q_BF16=qr.dtype == torch.bfloat16, KV_BF16=kv_bf16, ACC_F64=acc_f64,
-        CVT_HW=use_hw_convert(qr.device), PDL=pdl,
+        Q_BF16=qr.dtype == torch.bfloat16, KV_BF16=kv_bf16,
+        VB=vb, VW=vw, VPQ=vpq, VPK=vllm_norm_layout(QS, KS, kv.element_size())[2],
+        CVT_HW=use_hw_convert(dev), HW=hw, PDL=pdl,
         num_warps=warps, **launch.pdl_kwargs(pdl),
     )
     return None
@@ -877,11 +899,11 @@ def _register_aot() -> None:
 
     # §5 query quant: Qs 1536, Ks 512.
     p = {"qr_ptr": "*bf16", "kv_ptr": "*bf16", "qw_ptr": "*bf16", "kvw_ptr": "*bf16",
-         "qo_ptr": "*u8", "qs_ptr": "*u8", "kvo_ptr": "*i16"}
+         "qo_ptr": "*u8", "qs_ptr": "*u8", "kvo_ptr": "*i16", "rs_ptr": "*i32", "rc_ptr": "*i32"}
     for hw, targets in ((True, _CUDA), (False, _ALL)):
         c = {"QS": 1536, "KS": 512, "Gq": 48, "Gp": 48,
              "BLOCK_T": 1, "BLOCK_TKV": 4, "BLOCK_G": 64, "BLOCK_KV": 512, "Q_BF16": True,
-             "KV_BF16": True, "ACC_F64": True, "CVT_HW": hw, "PDL": hw}
+             "KV_BF16": True, "CVT_HW": hw, "HW": hw, "PDL": hw, "VB": 2048, "VW": 8, "VPQ": 8, "VPK": 8}
         register(AotSpec(f"rope_kernels._q_kv_rmsnorm_kernel[1536,512{'-hw' if hw else ''}]",
                          _q_kv_rmsnorm_kernel,
                          _aot_signature(_q_kv_rmsnorm_kernel, p, ("eps",)), c,

@@ -13,14 +13,16 @@ the addressed rows / records (page padding, other rows) is touched.
 
 Numerics follow what vLLM's Triton kernels compute on an H200 (C §0.3,
 R §1, upstream_findings.md F2/F3).  The approximate primitives of §8.1
-(``ex2.approx``, ``div.full``, ``rsqrt.approx``) are replaced by their exact
-values rounded to fp32; this reproduces the golden vectors byte for byte.
+(``ex2.approx``, ``div.full``, ``rsqrt.approx``) are computed as the GPU computes them
+(``dsv41.core.gpu_approx``), the norm's sum of squares in vLLM's order; this reproduces the
+golden vectors byte for byte.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..core.gpu_approx import div_full, exp_approx, rsqrt_approx, tl_sum_sq
 from ..core import index_checks as _ic
 from ..core.codecs import (
     clamp_sym,
@@ -38,7 +40,6 @@ F64 = torch.float64
 HEAD = 512  # latent width
 NOPE = 448  # dims 0..447 are NoPE, 448..511 the 64 RoPE dims (32 GPT-J pairs)
 ROPE_PAIRS = 32
-LOG2E_F32 = float(torch.tensor(1.4426950408889634, dtype=F32))  # 0x3FB8AA3B
 BF16_NAN = 0x7FFF  # the bf16 NaN every computed NaN becomes on the GPU (F3)
 
 
@@ -76,35 +77,31 @@ def _page_bytes(kv_cache: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------
 
 
-def _exp(z: torch.Tensor) -> torch.Tensor:
-    """``tl.exp``: ``ex2(fl32(z * fl32(log2 e)))``; the ex2 is taken exactly, rounded to fp32."""
-    return torch.exp2((z * LOG2E_F32).to(F64)).to(F32)
-
-
 def _pool(older: torch.Tensor, newer: torch.Tensor) -> torch.Tensor:
     """Softmax-weighted sum of two ``[n, 1024]`` kv|score rows, per dim (C §8.1 ``pool``).
 
-    ``m = max``, weights ``e^(s - m) / Σ`` (IEEE division for ``div.full``), then
-    ``pooled = fma(w_older, kv_older, fl32(w_newer · kv_newer))``.
+    ``m = max``, weights ``e^(s - m) / Σ`` with the GPU's ``tl.exp`` and ``div.full``
+    (``dsv41.core.gpu_approx``), then ``pooled = fma(w_older, kv_older, fl32(w_newer · kv_newer))``.
     """
     kva, sa = older[:, :HEAD], older[:, HEAD:]
     kvb, sb = newer[:, :HEAD], newer[:, HEAD:]
     m = torch.maximum(sa, sb)
-    ea, eb = _exp(sa - m), _exp(sb - m)
+    ea, eb = exp_approx(sa - m), exp_approx(sb - m)
     den = ea + eb
-    wa, wb = ea / den, eb / den
+    wa, wb = div_full(ea, den), div_full(eb, den)
     return fma32(wa, kva, wb * kvb)
 
 
 def _rmsnorm_bf16_bits(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``bf16(x · rsqrt(Σx²/512 + eps) · w)`` in fp32 (C §8.1 ``rmsnorm``), as int16 bits.
 
-    Σx² is summed in float64 and rounded once (the kernel's order is launch-layout
-    dependent); rsqrt is exact, rounded to fp32 (for ``rsqrt.approx.ftz``).
+    Σx² in the order of vLLM's ``tl.sum`` over a 512-wide fp32 row with 4 warps (4 contiguous
+    elements per thread: ``gpu_approx.tl_sum_sq``), ``/512`` exact, the GPU's
+    ``rsqrt.approx.ftz`` (``dsv41.core.gpu_approx``).
     """
-    ss = (x.to(F64) * x.to(F64)).sum(-1).to(F32)
+    ss = tl_sum_sq(x, warps=4, per_thread=4)
     var = ss / HEAD + torch.tensor(eps, dtype=F32, device=x.device)
-    r = torch.rsqrt(var.to(F64)).to(F32)
+    r = rsqrt_approx(var)
     return _bf16_bits((x * r[:, None]) * weight.to(F32))
 
 

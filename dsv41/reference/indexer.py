@@ -14,15 +14,16 @@ contraction of vLLM's NVIDIA build (``fma(e, c, -RN32(o*s))`` / ``fma(o, c, RN32
 the key, ``fma(e, s, RN32(o*c))`` in the query's odd lane; docs/kernel_contract.md), the bf16
 round trip (§1.4), power-of-two scales with the fp32-log2 ceiling (§1.5), RNE e4m3 /
 e2m1 encoders (§1.6, §1.7, §8), and the Triton kernel's summation order for the RMSNorm
-variance.  The one operation the GPU does *approximately* is the RMSNorm ``rsqrt``
-(``rsqrt.approx.ftz.f32``, R §3.3); this reference uses the correctly rounded fp32
-``rsqrt`` instead (see ``_rms_norm``).
+variance.  The one operation the GPU does *approximately*, the RMSNorm ``rsqrt``
+(``rsqrt.approx.ftz.f32``, R §3.3), is computed as the GPU computes it
+(``dsv41.core.gpu_approx``).
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..core.gpu_approx import rsqrt_approx, tl_sum_sq
 from ..core import index_checks as _ic
 from ..core.codecs import (
     F32_1E_4,
@@ -119,35 +120,17 @@ def _fp32_le_bytes(v: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------
 
 
-def _sum_sq_128(k: torch.Tensor) -> torch.Tensor:
-    """``Σ k_d²`` over the 128 dims of fp32 rows, in the H200 Triton kernel's order.
-
-    The spec leaves the order open (R §3.3); this is the one vLLM's ``tl.sum`` takes with
-    ``num_warps=1`` (measured: identical on 2^20 random keys, while a correctly rounded
-    sum differs in ~30 % of them): 32 lanes each add their 4 contiguous squares left to
-    right, then a butterfly over lanes with xor distances 16, 8, 4, 2, 1.  Each k_d² is
-    exact (k is bf16), and every lane ends with the same value.
-    """
-    sq = (k * k).unflatten(-1, (32, 4))
-    acc = ((sq[..., 0] + sq[..., 1]) + sq[..., 2]) + sq[..., 3]  # [..., 32 lanes]
-    lane = torch.arange(32, device=k.device)
-    for dist in (16, 8, 4, 2, 1):
-        acc = acc + acc[..., lane ^ dist]
-    return acc[..., 0]
-
-
 def _rms_norm(k: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """k_norm of R §3.3 step 2 on fp32 rows ``k[n, 128]``; result bf16-valued fp32.
 
-    * ``var = Σ k_d² / 128`` (fp32, Triton's summation order, ``/128`` exact);
-    * ``r = rsqrt(var + eps)``: correctly rounded fp32 (float64 rsqrt rounded once).  The
-      H200 uses ``rsqrt.approx.ftz.f32``, which is off by 1-2 ulp for ~22 % of inputs, so
-      a key whose bytes depend on that last bit may differ from the GPU;
+    * ``var = Σ k_d² / 128`` (fp32 in the order of vLLM's one-warp ``tl.sum``: 32 lanes of 4
+      contiguous squares, ``gpu_approx.tl_sum_sq``; ``/128`` exact);
+    * ``r = rsqrt(var + eps)``: the GPU's ``rsqrt.approx.ftz.f32`` (``gpu_approx``);
     * ``k_d = RNbf(RN32(RN32(k_d·r)·w_d))`` (left to right, as the kernel multiplies).
     """
-    var = _sum_sq_128(k) / 128.0
-    v = (var + _f32(eps, k)).to(F64)
-    r = (1.0 / torch.sqrt(v)).to(F32)  # var = +inf -> r = 0 (an all-zero key, finding 3)
+    var = tl_sum_sq(k, warps=1, per_thread=4) / 128.0
+    v = var + _f32(eps, k)
+    r = rsqrt_approx(v)  # var = +inf -> r = 0 (an all-zero key, finding 3)
     return rnbf16((k * r.unsqueeze(-1)) * weight.to(F32))
 
 

@@ -18,6 +18,7 @@ import torch
 
 from dsv41.core import index_checks as _ic
 from dsv41.core.codecs import ceil_log2, clamp_sym, e4m3_encode, exp2i, fma32, inv_const
+from dsv41.core.gpu_approx import div_full, rsqrt_approx, tl_sum_sq
 from dsv41.fused_layout import o_fused_chunk_permutation, o_fused_permutation
 
 __all__ = ["fused_inv_rope_fp8_quant", "fused_q_kv_rmsnorm_quant", "pad_fused_q_heads"]
@@ -172,21 +173,33 @@ def _f8_128x4_offsets(Tp: int, Gp: int, device) -> torch.Tensor:
     )
 
 
-def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """§5: y = RN32(RN32(x·rrms)·w), rrms = rsqrt(Σx²/SIZE + eps), per row, in fp32.
+def vllm_norm_layout(qs: int, ks: int, element_size: int) -> tuple[int, int, int]:
+    """``(block, warps, per_thread)`` of vLLM's Q/KV norm kernel for row widths ``qs`` / ``ks``:
+    one block of ``next_pow2(max(qs, ks))`` for both rows, 8 warps from 2048 on (else 4), rows
+    loaded in 16-byte vectors (8 bf16 / 4 fp32 per thread; fewer where the block is narrower).
+    Measured for bf16 rows of 1536 and 512 (``tools/approx_dump.py`` rowsum); fp32 rows follow
+    the same layout rule, not measured."""
+    block = 1 << (max(qs, ks, 1) - 1).bit_length()
+    warps = 8 if block >= 2048 else 4
+    per = max(1, min(16 // element_size, block // (32 * warps)))
+    # a block narrower than the threads: one element per lane, only the warps it fills (a
+    # partial warp's missing lanes add zeros); unmeasured, like every width but 1536 / 512
+    warps = max(1, min(warps, block // (32 * per)))
+    return max(block, 32 * per), warps, per
 
-    Upstream reduces Σx² as an fp32 tree and uses ``rsqrt.approx.f32`` (max relative error
-    about 2^-22.9, i.e. up to ~2 ulp).  Here Σx²/SIZE is formed in float64 and rounded to fp32,
-    and the rsqrt is the exact one (float64, rounded to fp32).  So rrms may differ from the GPU's
-    by a couple of fp32 ulps: the KV output can differ by 1 bf16 ulp and a Q code by one e4m3
-    step (or a scale by one binade) at rounding boundaries; backends are compared with that
-    tolerance here, bit-exactly everywhere else.
+
+def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, layout: tuple[int, int, int]) -> torch.Tensor:
+    """§5: y = RN32(RN32(x·rrms)·w), rrms = rsqrt(Σx²/SIZE + eps), per row, in fp32, as vLLM's
+    kernel computes it on an SM90 GPU: Σx² in ``tl.sum``'s order for the kernel's layout
+    (``vllm_norm_layout``, ``gpu_approx.tl_sum_sq``), ``/ SIZE`` a ``div.full`` by the constant
+    (``x · rcp(SIZE)``), the GPU's ``rsqrt.approx``.
     """
     xf = x.to(F32)
-    size = x.shape[-1]
-    ms = (xf.to(F64).square().sum(-1, keepdim=True) / size).to(F32)
+    block, warps, per = layout
+    ss = tl_sum_sq(xf, warps=warps, per_thread=per, block=block)
+    ms = div_full(ss, torch.full_like(ss, float(x.shape[-1])))
     ms = ms + float(torch.tensor(eps, dtype=F32))  # fp32 add of the fp32 eps
-    rrms = torch.rsqrt(ms.to(F64)).to(F32)
+    rrms = rsqrt_approx(ms).unsqueeze(-1)
     return (xf * rrms) * w.to(F32)
 
 
@@ -196,10 +209,11 @@ def fused_q_kv_rmsnorm_quant(qr, kv, q_weight, kv_weight, eps, q_out, q_scale_ou
     Gq = Qs // 32
 
     # KV: RMSNorm, stored RNE as kv_out.dtype.
-    _store_float(kv_out, _rmsnorm(kv, kv_weight, eps))
+    widths = (qr.shape[-1], kv.shape[-1])
+    _store_float(kv_out, _rmsnorm(kv, kv_weight, eps, vllm_norm_layout(*widths, kv.element_size())))
 
     # Q: RMSNorm, q.dtype round trip, then per-32 MXFP8 with FlashInfer's UE8M0 rule.
-    y = _rmsnorm(qr, q_weight, eps).to(qr.dtype).to(F32).view(T, Gq, 32)
+    y = _rmsnorm(qr, q_weight, eps, vllm_norm_layout(*widths, qr.element_size())).to(qr.dtype).to(F32).view(T, Gq, 32)
     amax = _abs_ignore_nan(y).amax(dim=-1)
     sf = _flashinfer_ue8m0(amax * INV_FP8_MAX)  # [T, Gq]
     inv = _flashinfer_inv_scale(sf)

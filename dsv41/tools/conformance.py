@@ -92,11 +92,12 @@ def _slots(n: int, num_blocks: int, block_size: int, seed: int, holes=(-1,)) -> 
     """Distinct slots in scrambled pages, the first/last slot of a page included, holes at a few rows."""
     g = _gen(seed)
     total = num_blocks * block_size
-    perm = torch.randperm(total, generator=g)[:n]
-    if n >= 2:
-        perm[0] = 0
-        perm[1] = total - 1
-    s = perm.to(I64)
+    perm = torch.randperm(total, generator=g)
+    if n >= 2:  # slots 0 and total - 1 to the front (swapped: slots stay distinct)
+        for i, v in ((0, 0), (1, total - 1)):
+            j = int((perm == v).nonzero()[0])
+            perm[i], perm[j] = perm[j].clone(), perm[i].clone()
+    s = perm[:n].to(I64)
     for i, h in enumerate(holes):
         if 3 + 5 * i < n:
             s[3 + 5 * i] = h
@@ -291,6 +292,39 @@ def _flashinfer(local=False, decode_comp=True, lens=True, spans=(None, None), d=
     return build
 
 
+def _wide(x: torch.Tensor, g) -> torch.Tensor:
+    """``x`` with each row at its own power-of-two scale (2^-20 .. 2^20) and each element at
+    2^-4 .. 2^4 of it: fp32 sums of squares whose order shows, the GPU's approximate primitives
+    over many binades (the norms, the softmax weights)."""
+    rows = torch.exp2(torch.randint(-20, 21, (x.shape[0], 1), generator=g).float())
+    return x * rows * torch.exp2(torch.randint(-4, 5, x.shape, generator=g).float())
+
+
+def _save_compress_wide(cr, t, seed=21):
+    """Many tokens of one request at wide magnitudes: CR 1 rows, or CR 2 pairs whose score
+    differences reach past -87 (subnormal softmax weights)."""
+    def build(device):
+        g = _gen(seed)
+        if cr == 1:
+            kv = _wide(torch.randn(t, 512, generator=g), g)
+            w = (torch.rand(512, generator=g) + 0.5).to(BF16)
+            latent = torch.full((t, 512), float("nan"), dtype=BF16)
+            return _on(device, [kv, torch.arange(t, dtype=I64), None, torch.arange(t, dtype=I64),
+                                None, None, w, 1e-6, 1, latent])
+        cap = 8
+        kv = _wide(torch.randn(t, 1024, generator=g), g)
+        kv[:, 512:] = (torch.rand(t, 512, generator=g) - 0.5) * 240.0  # scores
+        pos = torch.arange(t, dtype=I64)
+        qsl = torch.tensor([0, t], dtype=I32)
+        t2r = torch.zeros(t, dtype=I32)
+        state = torch.randn(1, cap, 1024, generator=g)
+        latent = torch.full((t, 512), float("nan"), dtype=BF16)
+        w = (torch.rand(512, generator=g) + 0.5).to(BF16)
+        return _on(device, [kv, pos, state, pos % cap, qsl, t2r, w, 1e-6, 2, latent])
+
+    return build
+
+
 def _save_compress(cr, seed=6, boundary=False, prev=False):
     def build(device):
         g = _gen(seed)
@@ -383,10 +417,12 @@ def _rope_insert(kind, cr, sanitize=False, nonfinite=False, cs_dtype=F32, seed=7
     return build
 
 
-def _indexer_k(fp4, tiled, cr, n_per_tile=0, seed=8, eps=1e-6):
+def _indexer_k(fp4, tiled, cr, n_per_tile=0, seed=8, eps=1e-6, n=20, wide=False):
     def build(device):
-        n, bs, nb = 20, 64, 4
+        bs, nb = 64, max(4, n // 64 + 2)
         k = edge_rows(n + 3, 128, seed).to(BF16)
+        if wide:
+            k = _wide(torch.randn(n + 3, 128, generator=_gen(seed)), _gen(seed + 5)).to(BF16)
         k[n:] = float("nan")
         pos = torch.randint(0, 512, (n + 3,), generator=_gen(seed), dtype=I64)
         cs = _cos_sin(512, 64)
@@ -440,10 +476,13 @@ def _inv_rope(qgs=128, tma=False, quantize=True, permuted=False, t=5, seed=10):
     return build
 
 
-def _qkv_norm(t, qs=1536, ks=512, seed=11):
+def _qkv_norm(t, qs=1536, ks=512, seed=11, wide=False):
     def build(device):
         qr = edge_rows(t, qs, seed).to(BF16)
         kv = edge_rows(t, ks, seed + 1).to(BF16)
+        if wide:
+            qr = _wide(torch.randn(t, qs, generator=_gen(seed)), _gen(seed + 2)).to(BF16)
+            kv = _wide(torch.randn(t, ks, generator=_gen(seed + 1)), _gen(seed + 3)).to(BF16)
         qw = (torch.rand(qs, generator=_gen(seed)) + 0.5).to(BF16)
         kw = (torch.rand(ks, generator=_gen(seed + 1)) + 0.5).to(BF16)
         tp, gp = (t + 127) // 128 * 128, (qs // 32 + 3) // 4 * 4
@@ -593,6 +632,8 @@ def _all_cases() -> list[Case]:
     A(Case("fused_save_compress_norm", "cr2-boundary", _save_compress(2, seed=16, boundary=True)))
     A(Case("fused_save_compress_norm", "cr2-prev-rows", _save_compress(2, prev=True)))
     A(Case("fused_save_compress_norm", "cr2-boundary-prev-rows", _save_compress(2, seed=16, boundary=True, prev=True)))
+    A(Case("fused_save_compress_norm", "cr1-wide-256", _save_compress_wide(1, 256), (9,)))
+    A(Case("fused_save_compress_norm", "cr2-wide-256", _save_compress_wide(2, 256)))
     A(Case("save_ring_rows", "basic", _save_ring_rows()))
     A(Case("save_ring_rows", "one-row", _save_ring_rows(n=3, seed=14)))
     for kind in (584, 528, 288, "bf16", "fp8"):
@@ -616,6 +657,7 @@ def _all_cases() -> list[Case]:
     A(Case("indexer_k_norm_rope_store", "mxfp4-tiled-n64", _indexer_k(True, True, 1, n_per_tile=64)))
     for fp4 in (False, True):  # eps 0: an all-zero key normalizes to 0 * inf = NaN (+NaN as on GPUs)
         A(Case("indexer_k_norm_rope_store", f"{'mxfp4' if fp4 else 'fp8'}-rows-eps0", _indexer_k(fp4, False, 1, eps=0.0)))
+    A(Case("indexer_k_norm_rope_store", "fp8-rows-wide-200", _indexer_k(False, False, 1, n=200, wide=True)))
     A(Case("fused_indexer_q_rope_quant", "fp8-ocp", _indexer_q(False), (8, 10)))
     A(Case("fused_indexer_q_rope_quant", "fp8-fnuz", _indexer_q(False, fnuz=True), (8, 10)))
     A(Case("fused_indexer_q_rope_quant", "fp8-bf16-cos-sin", _indexer_q(False, cs_dtype=BF16), (8, 10)))
@@ -631,6 +673,7 @@ def _all_cases() -> list[Case]:
     A(Case("fused_inv_rope_fp8_quant", "t1-decode", _inv_rope(tma=True, t=1, seed=12)))
     A(Case("fused_q_kv_rmsnorm_quant", "t5", _qkv_norm(5)))
     A(Case("fused_q_kv_rmsnorm_quant", "t130-two-tiles", _qkv_norm(130, qs=1024, ks=448)))
+    A(Case("fused_q_kv_rmsnorm_quant", "t256-wide", _qkv_norm(256, wide=True)))
     A(Case("pad_fused_q_heads", "8to16", _pad_q(3, 8, 16)))
     A(Case("pad_fused_q_heads", "5to32", _pad_q(2, 5, 32)))
     c.extend(_transcode_cases())
