@@ -463,7 +463,7 @@ def _ex2_approx_t(x, pos_ptr, neg_ptr):
     f = (q & 8388607).to(tl.int32)
     tp = tl.load(pos_ptr + f)
     tn = tl.load(neg_ptr + f)
-    m = tl.minimum(m, 300)  # keeps m << 23 in int32; results are 0 / inf long before
+    m = tl.minimum(m, 255)  # m << 23 stays in int32; from 255 on the result is 0 / inf anyway
     out = tl.where(neg, tn - (m << 23), tp + (m << 23))
     ovf = (~neg) & ((tp.to(tl.int64) + (m.to(tl.int64) << 23)) >= 0x7F800000)
     udf = neg & ((tn.to(tl.int64) - (m.to(tl.int64) << 23)) < 8388608)

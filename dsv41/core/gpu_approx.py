@@ -93,6 +93,11 @@ def _table(name: str, device: torch.device) -> torch.Tensor:
                     exact = _exact(name, _domain(name)).to(F32).view(I32).to(I64)
                     cpu = (exact + delta).to(I32).contiguous()
                     _tables[(name, torch.device("cpu"))] = cpu
+                if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                    raise RuntimeError(
+                        f"dsv41: the {name} table of the GPU's approximate primitives is not on "
+                        f"{device} yet and cannot be copied there during CUDA-graph capture: call "
+                        "the op once before capturing (a warm-up run)")
                 t = cpu.to(device)
                 _tables[key] = t
     return t
