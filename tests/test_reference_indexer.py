@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import math
-import os
 import struct
 import tarfile
 from fractions import Fraction
@@ -155,26 +154,12 @@ def ceil_log2_exact(s: float) -> int:
     return e - 1 if m == 0.5 else e
 
 
-def rsqrt32(v: float) -> float:
-    """Correctly rounded fp32 v^-1/2 (exact midpoint comparisons)."""
-    if math.isinf(v):
-        return 0.0
-    r = f32(Fraction(1.0 / math.sqrt(v)))
-    fv = Fraction(v)
+def rsqrt_gpu(v: float) -> float:
+    """The GPU's ``rsqrt.approx.ftz.f32`` of fp32 ``v`` (R §3.3 as vLLM computes it), from
+    ``dsv41.core.gpu_approx`` (checked there against the instruction over every input)."""
+    from dsv41.core.gpu_approx import rsqrt_approx
 
-    def nxt(x, up):
-        bits = struct.unpack("<I", struct.pack("<f", x))[0]
-        return struct.unpack("<f", struct.pack("<I", bits + (1 if up else -1)))[0]
-
-    for _ in range(4):
-        up, dn = nxt(r, True), nxt(r, False)
-        if ((Fraction(r) + Fraction(up)) / 2) ** 2 * fv < 1:
-            r = up
-        elif ((Fraction(r) + Fraction(dn)) / 2) ** 2 * fv > 1:
-            r = dn
-        else:
-            return r
-    raise AssertionError("rsqrt search did not converge")
+    return float(rsqrt_approx(torch.tensor([v], dtype=F32)))
 
 
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -245,7 +230,7 @@ def sum_sq_scalar(k: list[float]) -> float:
 def k_store_scalar(k: list[float], w: list[float], eps: float, cos: list[float], sin: list[float]):
     """R §3.3 for one key: returns the post-RoPE bf16-valued vector."""
     var = f32(Fraction(sum_sq_scalar(k)) / 128)
-    r = rsqrt32(f32(Fraction(var) + Fraction(f32(Fraction(eps)))))
+    r = rsqrt_gpu(f32(Fraction(var) + Fraction(f32(Fraction(eps)))))
     kn = [bf(mul32(mul32(v, r), wd)) for v, wd in zip(k, w)]
     nope_pairs = (len(k) - 2 * len(cos)) // 2
     return rope_scalar(kn, [1.0] * nope_pairs + cos, [0.0] * nope_pairs + sin)
