@@ -11,8 +11,10 @@ The interpreter runs with the exact fp32 ``rsqrt``/``exp2`` of dsv41's contract 
 rules under which it writes what the H200 wrote in set D (conftest.py ``exact_rsqrt_exp2``,
 ``h200_interp_rules``: unary minus as ``0 - x``, NaN through a symmetric clamp -> +m, ``exp2``
 flushing subnormal results).  With them vLLM's kernel in the interpreter writes set D's H200
-bytes (checked; ``INTERP_DIFFERS`` names the one exception, the GPU's approximate rsqrt), so a
-difference from dsv41 is dsv41's; the one dsv41 still has is a strict xfail.
+bytes (checked; ``INTERP_DIFFERS`` names the one exception, the GPU's approximate rsqrt, where
+dsv41 is compared with the H200's bytes), so a difference from dsv41 is dsv41's.  On fresh
+inputs the ops of ``GPU_NUMERICS`` are not compared: dsv41 computes the GPU's approximate
+primitives and sum orders, which the interpreter does not.
 """
 
 from __future__ import annotations
@@ -45,16 +47,21 @@ INLINE_ASM = {
 
 
 # Set-D cases where vLLM's kernel in the interpreter writes the H200 bytes and dsv41 does not.
-DSV41_DIFFERS = {
-    "save_compress_norm_cr2": "dsv41 writes one bf16 of latent_out one ulp off vLLM's H200 byte (set D's known "
-                              "difference, golden.py); vLLM's kernel in the interpreter writes the H200 byte",
-}
+DSV41_DIFFERS: dict = {}
 
-# Set-D cases the interpreter cannot reproduce (dsv41 agrees with the interpreter there): only the
-# dsv41-vs-interpreter comparison runs.
+# Set-D cases the interpreter cannot reproduce: dsv41 is compared with the H200's bytes there.
 INTERP_DIFFERS = {
     "q_kv_rmsnorm_quant_T130": "one bf16 of kv_out: the H200's rsqrt.approx is one fp32 step below the "
-                               "correctly rounded 1/sqrt the interpreter (and dsv41) use, on a bf16 tie",
+                               "correctly rounded 1/sqrt the interpreter uses, on a bf16 tie",
+}
+
+# Ops whose vLLM kernels use the GPU's approximate rsqrt / ex2 / div.full and whose fp32 sums
+# depend on tl.sum's order: dsv41 computes what the GPU computes (docs/kernel_contract.md,
+# "Approximate primitives"), the interpreter computes them exactly and sums in numpy's order, so
+# on fresh inputs the two may differ in rare last bits; there the golden vectors (H200 bytes)
+# and the GPU side-by-side are the oracle.
+GPU_NUMERICS = {
+    "fused_q_kv_rmsnorm_quant", "fused_save_compress_norm", "indexer_k_norm_rope_store",
 }
 
 
@@ -94,7 +101,9 @@ def _params():
         marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
         ps.append(pytest.param(g, None, id=f"{g.name}-setD", marks=marks))
         if _has_float_input(g):
-            ps.append(pytest.param(g, 1000 + len(ps), id=f"{g.name}-fresh"))
+            skip = [pytest.mark.skip(reason="the interpreter does not compute the GPU's approximate "
+                                            "primitives / sum order (GPU_NUMERICS)")] if g.op in GPU_NUMERICS else []
+            ps.append(pytest.param(g, 1000 + len(ps), id=f"{g.name}-fresh", marks=skip))
     for what, why in INLINE_ASM.items():
         ps.append(pytest.param(None, why, id=what, marks=pytest.mark.skip(reason=f"{why}; the interpreter cannot run it")))
     return ps
@@ -110,5 +119,9 @@ def test_vllm_kernel_equals_dsv41(golden, seed):
     if seed is None and golden.name not in INTERP_DIFFERS:  # the interpreter rules hold: vLLM's kernel here writes what it wrote on the H200
         h200 = differences(theirs, golden.out)
         assert not h200, f"{golden.op}: vLLM's kernel in the interpreter vs its H200 bytes: " + "; ".join(h200)
+    if seed is None and golden.name in INTERP_DIFFERS:  # the H200's bytes are the oracle here
+        problems = differences(ours, golden.out)
+        assert not problems, f"{golden.op}: dsv41 vs vLLM's H200 bytes: " + "; ".join(problems)
+        return
     problems = differences(ours, theirs)
     assert not problems, f"{golden.op}: dsv41 vs vLLM's kernel in the interpreter: " + "; ".join(problems)
