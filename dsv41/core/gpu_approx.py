@@ -31,6 +31,7 @@ from __future__ import annotations
 import lzma
 import math
 import threading
+import zlib
 from pathlib import Path
 
 import torch
@@ -55,6 +56,11 @@ TABLES = {
     "ex2": "x = j / 2^23 in [0, 1): index = j",
     "ex2neg": "x = -j / 2^23 in (-1, 0]: index = j",
 }
+
+# CRC-32 of each expanded table (int32 result bits, little-endian): the expansion adds the stored
+# differences to correctly rounded results computed here in float64, so a host whose float64
+# exp2 rounded differently would rebuild other bits; the check turns that into an error.
+TABLE_CRC = {"rsqrt": 0x9D0587E4, "rcp": 0xA9F2ECFC, "ex2": 0x3FE67D9B, "ex2neg": 0x8AF5EA7C}
 
 _lock = threading.Lock()
 _tables: dict = {}  # (name, device) -> int32 result bits over the reduced domain
@@ -92,6 +98,12 @@ def _table(name: str, device: torch.device) -> torch.Tensor:
                     delta = torch.frombuffer(bytearray(raw), dtype=torch.int8).to(I64)
                     exact = _exact(name, _domain(name)).to(F32).view(I32).to(I64)
                     cpu = (exact + delta).to(I32).contiguous()
+                    crc = zlib.crc32(cpu.numpy().tobytes())
+                    if crc != TABLE_CRC[name]:
+                        raise RuntimeError(
+                            f"dsv41: the {name} table of the GPU's approximate primitives expanded to "
+                            f"other bits on this host (CRC-32 {crc:#010x}, expected {TABLE_CRC[name]:#010x}): "
+                            "its float64 results differ from the ones the table was made with")
                     _tables[(name, torch.device("cpu"))] = cpu
                 if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
                     raise RuntimeError(
