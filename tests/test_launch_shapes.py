@@ -241,17 +241,20 @@ def test_every_measured_shape_cites_its_measurement():
 def _row_builder_shapes():
     from dsv41.backends.triton.sweep import SPACES
 
-    return [(op, shape) for op in ("combine_topk_swa_indices", "build_flashinfer_mixed_sparse_indices")
-            for shape in SPACES[op][1]]
+    spaces = {name: op for op in ("compute_global_topk_indices_and_lens", "combine_topk_swa_indices",
+                                  "build_flashinfer_mixed_sparse_indices")
+              for name in SPACES if name.split(" [")[0] == op}
+    return [(op, shape) for name, op in spaces.items() for shape in SPACES[name][1]]
 
 
 @pytest.mark.parametrize("op,shape", _row_builder_shapes(),
                          ids=lambda v: v if isinstance(v, str) else "x".join(map(str, v.values())))
 @pytest.mark.parametrize("impl", TRITON_IMPLS[:1] or [None], ids=[i.name for i in TRITON_IMPLS[:1]] or ["none"])
 def test_row_builder_swept_shapes(impl, op, shape, monkeypatch):
-    """Every launch shape the sweep may pick for the combine and FlashInfer row builders writes
-    the reference's bytes on every conformance case of the op (one Triton implementation: the
-    index kernels have no vendor switch)."""
+    """Every launch shape the sweep may pick for the index builders (tiles, the FlashInfer
+    kernel's early first compressed step, 64-bit offsets) writes the reference's bytes on every
+    conformance case of the op (one Triton implementation: the index kernels have no vendor
+    switch)."""
     from dsv41.backends.triton import tuning
 
     if impl is None:
@@ -282,3 +285,20 @@ def test_conversion_paths_in_one_look(monkeypatch):
     monkeypatch.setattr(conversions, "_ROCM_TORCH", False)
     assert conversions.paths(torch.device("cuda", 0)) == (False, True)
     assert conversions.paths(torch.device("cpu")) == (True, False)
+
+
+def test_index_kernels_32bit_offsets_only_where_every_offset_fits():
+    """The index kernels' 32-bit address arithmetic is chosen only when the largest element
+    offset of every tensor it covers is below 2^31 (views with large strides included)."""
+    pytest.importorskip("triton")
+    from dsv41.backends.triton.index_kernels import _fits32
+
+    def t(shape, stride):
+        return torch.empty_strided(shape, stride, dtype=torch.int32, device="meta")
+
+    assert _fits32(t((65536, 2048), (2048, 1)), t((4, 256), (256, 1)))
+    assert _fits32(t((2, 1), (2**31 - 1, 1)))  # largest offset 2^31 - 1
+    assert not _fits32(t((3, 1), (2**30, 1)))  # 2^31
+    assert not _fits32(t((4, 256), (256, 1)), t((1, 2**31 + 1), (2**31 + 1, 1)))
+    assert not _fits32(t((2, 2), (1, 2**31)))  # column stride
+    assert _fits32(t((0, 5), (2**40, 1)))  # empty: nothing is addressed

@@ -115,10 +115,9 @@ struct NormLayout {
     int block, warps, per;
 };
 
-// Σx²/n of a bf16 row in that order, the mean a div.full by n (rcp table)
-inline float norm_mean(const uint16_t* src, int64_t n, const NormLayout& lay, const int32_t* rcp_tab) {
-    std::vector<float> xb(n > 0 ? n : 1);
-    float* x = xb.data();
+// Σx²/n of a bf16 row in that order, the mean a div.full by n (rcp table); x: n floats of
+// the caller's scratch (one per thread, not one allocation per row)
+inline float norm_mean(const uint16_t* src, int64_t n, const NormLayout& lay, const int32_t* rcp_tab, float* x) {
     for (int64_t i = 0; i < n; ++i) x[i] = bf16_to_f32(src[i]);
     return div_full(tl_sum_sq(x, n, lay.block, lay.warps, lay.per), (float)n, rcp_tab);
 }
@@ -733,12 +732,12 @@ inline void qkv_row_avx512(const uint16_t* __restrict qsrc, int64_t Qs, const ui
                            const float* __restrict WQ, const float* __restrict WK, float eps,
                            const int32_t* rtab, const int32_t* rcp_tab, const NormLayout& lay,
                            uint8_t* __restrict qdst, uint8_t* __restrict sbase,
-                           int64_t Gp, uint16_t* __restrict kdst, bool nt) {
+                           int64_t Gp, uint16_t* __restrict kdst, bool nt, float* scratch) {
     // nt: large output, stream the 64-byte-aligned code/KV stores past the cache (no RFO)
     const bool ntq = nt && ((uintptr_t)qdst & 63) == 0;
     const bool ntk = nt && ((uintptr_t)kdst & 31) == 0;
     {
-        const float ms = norm_mean(ksrc, Ks, lay, rcp_tab) + eps;
+        const float ms = norm_mean(ksrc, Ks, lay, rcp_tab, scratch) + eps;
         const __m512 rr = _mm512_set1_ps(rsqrt_approx(ms, rtab));
         for (int64_t i = 0; i < Ks; i += 16) {
             const __m512 y = _mm512_mul_ps(_mm512_mul_ps(v16_bf16_load(ksrc + i), rr), _mm512_loadu_ps(WK + i));
@@ -748,7 +747,7 @@ inline void qkv_row_avx512(const uint16_t* __restrict qsrc, int64_t Qs, const ui
                 _mm256_storeu_si256((__m256i*)(kdst + i), v16_bf16_canon(y));
         }
     }
-    const float ms = norm_mean(qsrc, Qs, lay, rcp_tab) + eps;
+    const float ms = norm_mean(qsrc, Qs, lay, rcp_tab, scratch) + eps;
     const __m512 rr = _mm512_set1_ps(rsqrt_approx(ms, rtab));
     const int64_t Gq = Qs / 32;
     int64_t j0 = 0;
@@ -886,7 +885,7 @@ void dsv41_fused_q_kv_rmsnorm_quant(
                     for (int64_t b = 0; b < 2 * Ks; b += 64) _mm_prefetch(pk + b, _MM_HINT_T0);
                 }
                 qkv_row_avx512(qr + r * qr_s0, Qs, kv + r * kv_s0, Ks, WQ, WK, eps, rsqrt_tab, rcp_tab, lay, q_out + r * qo_s0, sbase, Gp,
-                               kv_out + r * kvo_s0, nt);
+                               kv_out + r * kvo_s0, nt, x);
                 continue;
             }
 #endif

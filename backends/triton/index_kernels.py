@@ -25,6 +25,8 @@ Conventions (all three kernels):
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -88,15 +90,21 @@ def _row_shape(op: str, rows: int, cols: int) -> tuple[int, int, int]:
     return (*_tile(rows, cols), _NUM_WARPS)
 
 
-def _measured_block_w(rows: int):
-    """The FlashInfer kernel's SWA step width from an override or, above decode sizes, its
-    measured shape; None: the launcher's default (the SWA width, at most BLOCK_C)."""
-    op = "build_flashinfer_mixed_sparse_indices"
+def _measured(op: str, rows: int) -> dict:
+    """The op's launch parameters beyond the tile from an override or, above decode sizes, its
+    measured shape (``BLOCK_W``: the FlashInfer kernel's SWA step width; ``OFF32``: False
+    keeps 64-bit addresses where 32-bit ones would do); {}: the launcher's defaults."""
     cfg = TUNE.get(op)
     if cfg is None and rows > launch.DECODE_T:
         m = tuning.TABLE.get(op)
         cfg = m.shape if m is not None else None
-    return (cfg or {}).get("BLOCK_W")
+    return cfg or {}
+
+
+def _fits32(*tensors: torch.Tensor) -> bool:
+    """Every element offset of every (non-empty, 1-D or 2-D) tensor below 2^31: the kernels'
+    per-element address arithmetic may stay 32-bit."""
+    return all(sum((n - 1) * st for n, st in zip(t.shape, t.stride())) < 2**31 for t in tensors if t.numel())
 
 
 def _table_strides(t: torch.Tensor) -> tuple[int, int, int, int]:
@@ -108,7 +116,7 @@ def _table_strides(t: torch.Tensor) -> tuple[int, int, int, int]:
 
 
 @triton.jit
-def _table_lookup(table_ptr, n_rows, n_cols, s_row, s_col, req, pos, read, B):
+def _table_lookup(table_ptr, n_rows, n_cols, s_row, s_col, req, pos, read, B, OFF32: tl.constexpr = False):
     """``(slot, hit)``: ``hit`` where ``read`` and ``table[req, pos // B]`` is inside the table's
     logical shape (a negative position, e.g. from int32 arithmetic on out-of-contract lengths,
     is outside); ``slot = table[req, pos // B] * B + pos % B`` there, else −1.
@@ -120,9 +128,21 @@ def _table_lookup(table_ptr, n_rows, n_cols, s_row, s_col, req, pos, read, B):
     p = tl.where(hit, pos, 0).to(tl.uint32)
     blk = (p // B).to(tl.int32)
     hit = hit & (blk < n_cols)
-    off = req.to(tl.int64) * s_row + blk.to(tl.int64) * s_col
+    off = _offs(tl.where(hit, req, 0), OFF32) * s_row + _offs(blk, OFF32) * s_col
     block_id = tl.load(table_ptr + off, mask=hit, other=0)
     return tl.where(hit, block_id * B + (p % B).to(tl.int32), -1), hit
+
+
+@triton.jit
+def _offs(x, OFF32: tl.constexpr):
+    """``x`` as an element offset: int32 where the launcher checked that every offset of the
+    kernel's tensors fits (32-bit address arithmetic, as vLLM's kernels use throughout), else
+    int64."""
+    if OFF32:
+        r = x
+    else:
+        r = x.to(tl.int64)
+    return r
 
 
 @triton.jit
@@ -136,12 +156,14 @@ def _remap(v, bs, span):
 # ------------------------------------------------------------------------------ §5
 
 
-# Row widths (K here, K_in / W_out / K_dec / K_pre / W_swa / PT below) are specialized: Triton
+# Row widths (K_in / W_out / K_dec / K_pre below) are specialized: Triton
 # then knows a width that is a multiple of 16 (every model's) and loads and stores whole rows
 # in 16-byte vectors (sm_90 SASS, specialized against not: the top-k step 86 against 104
 # instructions per warp and 512 columns, the combine kernel 894 against 1061 with its stores
 # vectorized, the FlashInfer kernel's memory instructions 209 against 309).  Row counts and table sizes, which change from call to call,
-# are not (one build serves them all).
+# are not (one build serves them all).  The widths the kernels loop over (top-k K, the
+# FlashInfer kernel's W_swa / PT) are constexprs, as in vLLM's kernels (a model has one or
+# two): the column loops have a known trip count and their masks fold away.
 @triton.jit(do_not_specialize=["n_tab_rows", "n_tab_cols", "N"])
 def _global_topk_kernel(
     topk_ptr, s_tk0, s_tk1,
@@ -150,14 +172,18 @@ def _global_topk_kernel(
     valid_ptr, s_valid,
     out_ptr, s_out0, s_out1,
     lens_ptr, s_lens,
-    N, K, B: tl.constexpr,
+    N, K: tl.constexpr, B: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False, COMPACT: tl.constexpr = False,
+    OFF32: tl.constexpr = False,
 ):
     launch.pdl_prologue(PDL)
     # B (the page size) is a constexpr: pos // B and pos % B by a constant (a shift and a
     # mask for a power of two) instead of an integer division per index
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    rmask = rows < N
+    if BLOCK_R == 1:
+        rmask = tl.full([BLOCK_R], 1, tl.int1)  # the grid has exactly N programs
+    else:
+        rmask = rows < N
     rows64 = rows.to(tl.int64)
     req = tl.load(req_ptr + rows64 * s_req, mask=rmask, other=-1)
     # loaded before the loop: after its stores the compiler could not move the load up
@@ -168,23 +194,27 @@ def _global_topk_kernel(
     # without compaction the valid entries are counted per lane and summed across the program
     # once, after the loop (a cross-warp sum costs two barriers; once per step is not needed)
     lane_hits = tl.full([BLOCK_R, BLOCK_C], 0, tl.int32)
+    # OFF32: every element offset of the input, the output and the table fits in int32 (the
+    # launcher checked): the per-element address arithmetic stays 32-bit
+    in_row = _offs(rows, OFF32) * s_tk0
+    out_row = _offs(rows, OFF32) * s_out0
     for k0 in range(0, K, BLOCK_C):
         cols = k0 + tl.arange(0, BLOCK_C)
         m = rmask[:, None] & (cols < K)[None, :]
-        cols64 = cols.to(tl.int64)[None, :]
-        x = tl.load(topk_ptr + rows64[:, None] * s_tk0 + cols64 * s_tk1, mask=m, other=-1)
+        cols_o = _offs(cols, OFF32)[None, :]
+        x = tl.load(topk_ptr + in_row[:, None] + cols_o * s_tk1, mask=m, other=-1)
         # valid: x >= 0 and the table entry exists (request row, logical block < width)
         out, ok = _table_lookup(table_ptr, n_tab_rows, n_tab_cols, s_tab0, s_tab1,
-                                req[:, None], x, x >= 0, B)
+                                req[:, None], x, x >= 0, B, OFF32)
         hits = ok.to(tl.int32)
         if COMPACT:
             # a valid entry's column in the output: the row's valid entries in earlier steps
             # plus those before it in this one (an exclusive prefix sum), so order is kept
             dst = count[:, None] + _rcumsum(hits, axis=1) - hits
-            tl.store(out_ptr + rows64[:, None] * s_out0 + dst.to(tl.int64) * s_out1, out, mask=m & ok)
+            tl.store(out_ptr + out_row[:, None] + _offs(dst, OFF32) * s_out1, out, mask=m & ok)
             count += _rsum(hits, axis=1)
         else:
-            tl.store(out_ptr + rows64[:, None] * s_out0 + cols64 * s_out1, out, mask=m)
+            tl.store(out_ptr + out_row[:, None] + cols_o * s_out1, out, mask=m)
             lane_hits += hits
     if not COMPACT:
         count = _rsum(lane_hits, axis=1)
@@ -212,6 +242,28 @@ def compute_global_topk_indices_and_lens(
     N, K = topk_indices.shape
     if N == 0:
         return None
+    s_in, s_out = topk_indices.stride(), global_topk_indices.stride()
+    tab = _table_strides(block_table)
+    pdl = launch.decode_pdl(topk_indices.device, N)
+    plan = _topk_plan if "compute_global_topk_indices_and_lens" not in TUNE else _topk_plan.__wrapped__
+    grid, kw = plan(N, K, s_in, s_out, tab, bool(compact), pdl)
+    valid = is_valid_token.view(torch.uint8) if is_valid_token.dtype == torch.bool else is_valid_token
+    _global_topk_launch(grid,
+        topk_indices, *s_in,
+        token_to_req_indices, token_to_req_indices.stride(0),
+        block_table, *tab,
+        valid, valid.stride(0),
+        global_topk_indices, *s_out,
+        topk_lens, topk_lens.stride(0),
+        N, K, block_size, **kw,
+    )
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _topk_plan(N, K, s_in, s_out, tab, compact, pdl):
+    """(grid, launch keywords) of a top-k launch: computed once per shape class, not per call
+    (the eager call path, docs/kernel_contract.md)."""
     # One token per program (measured best on the H200): whole rows in one step at decode
     # sizes (latency; 16 warps up to DECODE_T rows: 2.65 against 2.85 us with 8 at 64 rows,
     # H200 sweep without PDL, h200-sweep-5-topk-nopdl.jsonl), 512-column steps at prefill
@@ -220,23 +272,17 @@ def compute_global_topk_indices_and_lens(
         block_r, block_c, warps = 1, min(_pow2(K), 2048), 16 if N <= launch.DECODE_T else 8
     else:
         block_r, block_c, warps = 1, min(_pow2(K), 512), 4
-    cfg = TUNE.get("compute_global_topk_indices_and_lens")
+    cfg = TUNE.get("compute_global_topk_indices_and_lens") \
+        or (_measured("compute_global_topk_indices_and_lens", N) if N * K > 1024 * 2048 else {})
     if cfg:
         block_r, block_c, warps = cfg["BLOCK_R"], cfg["BLOCK_C"], cfg["num_warps"]
-    valid = is_valid_token.view(torch.uint8) if is_valid_token.dtype == torch.bool else is_valid_token
-    pdl = launch.decode_pdl(topk_indices.device, N)
-    _global_topk_launch((launch.cdiv(N, block_r),),
-        topk_indices, topk_indices.stride(0), topk_indices.stride(1),
-        token_to_req_indices, token_to_req_indices.stride(0),
-        block_table, *_table_strides(block_table),
-        valid, valid.stride(0),
-        global_topk_indices, global_topk_indices.stride(0), global_topk_indices.stride(1),
-        topk_lens, topk_lens.stride(0),
-        N, K, block_size,
-        BLOCK_R=block_r, BLOCK_C=block_c, PDL=pdl, COMPACT=bool(compact), num_warps=warps,
-        **launch.pdl_kwargs(pdl),
-    )
-    return None
+    # every element offset of the three 2-D tensors below 2^31: 32-bit address arithmetic
+    off32 = cfg.get("OFF32", True) and max(
+        (N - 1) * s_in[0] + (K - 1) * s_in[1], (N - 1) * s_out[0] + (K - 1) * s_out[1],
+        (tab[0] - 1) * tab[2] + (tab[1] - 1) * tab[3]) < 2**31
+    kw = dict(BLOCK_R=block_r, BLOCK_C=block_c, PDL=pdl, COMPACT=compact, num_warps=warps,
+              OFF32=bool(off32), **launch.pdl_kwargs(pdl))
+    return (launch.cdiv(N, block_r),), kw
 
 
 # ------------------------------------------------------------------------------ §6
@@ -361,12 +407,12 @@ def _flashinfer_mixed_kernel(
     replay_ptr, s_replay, n_replay,
     out_ptr, s_out0, s_out1,
     lens_ptr, s_lens,
-    D, P, W_swa, PT, n_dec_tiles,
+    D, P, W_swa: tl.constexpr, PT: tl.constexpr, n_dec_tiles,
     window, CR, topk,
     HAS_DCI: tl.constexpr, HAS_DLENS: tl.constexpr, HAS_DVALID: tl.constexpr,
     IS_LOCAL: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, OFF32: tl.constexpr = False,
 ):
     # BLOCK_W: SWA columns per step, BLOCK_C: compressed columns per step.  The SWA part is
     # usually far narrower (128 against 512); a step as wide as the compressed one would
@@ -424,7 +470,8 @@ def _flashinfer_mixed_kernel(
         n = D + (pid - n_dec_tiles) * BLOCK_R + tl.arange(0, BLOCK_R)
         nmask = n < D + P
         n64 = n.to(tl.int64)
-        p64 = n64 - D
+        n_o = _offs(n, OFF32)
+        p_o = n_o - D
         req = tl.load(t2r_ptr + n64 * s_t2r, mask=nmask, other=0)
         # Per-request values with the index clamped into range (out-of-contract requests
         # must not crash; the reference clamps the same way); 0 when R == 0.
@@ -442,6 +489,7 @@ def _flashinfer_mixed_kernel(
         k_len = tl.minimum((pos + 1) // tl.maximum(CR, 1), topk)  # truncating division
         k_len = tl.where(CR > 0, k_len, 0)
         req2 = req[:, None]
+        kmax = tl.minimum(k_len, K_pre)[:, None]  # compressed columns read: j < min(K_pre, k_len)
         # SWA columns j < swa_len: slot of position swa_start + j.
         for j0 in range(0, W_swa, BLOCK_W):
             j = j0 + tl.arange(0, BLOCK_W)
@@ -449,19 +497,19 @@ def _flashinfer_mixed_kernel(
             j2 = j[None, :]
             in_swa = m & (j2 < swa_len[:, None])
             slot, _ = _table_lookup(swa_tab_ptr, swa_rows, swa_cols, s_swa0, s_swa1,
-                                    req2, swa_start[:, None] + j2, in_swa, sbs)
-            tl.store(out_ptr + n64[:, None] * s_out0 + j2.to(tl.int64) * s_out1,
+                                    req2, swa_start[:, None] + j2, in_swa, sbs, OFF32)
+            tl.store(out_ptr + n_o[:, None] * s_out0 + _offs(j2, OFF32) * s_out1,
                      _remap(slot, sbs, sspan), mask=m)
         # Compressed columns j < min(K_pre, k_len): local index -> compressed slot.
         for j0 in range(0, PT, BLOCK_C):
             j = j0 + tl.arange(0, BLOCK_C)
             m = nmask[:, None] & (j < PT)[None, :]
             j2 = j[None, :]
-            x = tl.load(ptk_ptr + p64[:, None] * s_ptk0 + j2.to(tl.int64) * s_ptk1,
-                        mask=m & (j2 < K_pre) & (j2 < k_len[:, None]), other=-1)
+            x = tl.load(ptk_ptr + p_o[:, None] * s_ptk0 + _offs(j2, OFF32) * s_ptk1,
+                        mask=m & (j2 < kmax), other=-1)
             slot, _ = _table_lookup(cmp_tab_ptr, cmp_rows, cmp_cols, s_cmp0, s_cmp1,
-                                    req2, x, x >= 0, cbs)
-            tl.store(out_ptr + n64[:, None] * s_out0 + (W_swa + j2).to(tl.int64) * s_out1,
+                                    req2, x, x >= 0, cbs, OFF32)
+            tl.store(out_ptr + n_o[:, None] * s_out0 + _offs(W_swa + j2, OFF32) * s_out1,
                      _remap(slot, cbs, cspan), mask=m)
         tl.store(lens_ptr + n64 * s_lens, W_swa + k_len, mask=nmask)
 
@@ -496,8 +544,9 @@ def build_flashinfer_mixed_sparse_indices(*args, **kwargs):
 
     block_r, block_c, warps = _row_shape("build_flashinfer_mixed_sparse_indices", D + P,
                                          max(W_swa, PT, 1))
-    block_w = _measured_block_w(D + P) \
-        or min(_pow2(max(W_swa, 1)), block_c)
+    extra = _measured("build_flashinfer_mixed_sparse_indices", D + P)
+    block_w = extra.get("BLOCK_W") or min(_pow2(max(W_swa, 1)), block_c)
+    off32 = extra.get("OFF32", True) and _fits32(sparse_indices, prefill_topk_indices, swa, comp)
     n_dec_tiles = launch.cdiv(D, block_r)
     grid = (n_dec_tiles + launch.cdiv(P, block_r),)
     pdl = launch.decode_pdl(sparse_indices.device, D + P)
@@ -520,6 +569,7 @@ def build_flashinfer_mixed_sparse_indices(*args, **kwargs):
         a.window_size, a.compress_ratio, a.topk,
         HAS_DCI=has_dci, HAS_DLENS=has_dlens, HAS_DVALID=has_dvalid, IS_LOCAL=is_local,
         BLOCK_R=block_r, BLOCK_C=block_c, BLOCK_W=block_w, PDL=pdl, num_warps=warps,
+        OFF32=off32,
         **launch.pdl_kwargs(pdl),
     )
     return None
@@ -549,20 +599,20 @@ def _register_aot() -> None:
     p = {"topk_ptr": i32, "req_ptr": i32, "table_ptr": i32, "valid_ptr": "*u8",
          "out_ptr": i32, "lens_ptr": i32}
     # as the JIT specializes a model's launch: 16-aligned rows and widths (2048 / 512 columns)
-    topk_div = ("topk_ptr", "out_ptr", "s_tk0", "s_out0", "K")
+    topk_div = ("topk_ptr", "out_ptr", "s_tk0", "s_out0")
     for br, bc in ((4, 1024), (64, 64), (1, 2048)):
-        c = {"B": 64, "BLOCK_R": br, "BLOCK_C": bc}
+        c = {"B": 64, "K": 2048, "BLOCK_R": br, "BLOCK_C": bc}
         register(AotSpec(f"index_kernels._global_topk_kernel[{br}x{bc}]", _global_topk_kernel,
                          _aot_signature(_global_topk_kernel, p), c, num_warps=_NUM_WARPS,
                          divisible=topk_div))
     # the decode launch on SM90+ (PDL; NVIDIA only)
-    c = {"B": 64, "BLOCK_R": 1, "BLOCK_C": 2048, "PDL": True}
+    c = {"B": 64, "K": 2048, "BLOCK_R": 1, "BLOCK_C": 2048, "PDL": True}
     register(AotSpec("index_kernels._global_topk_kernel[1x2048,pdl]", _global_topk_kernel,
                      _aot_signature(_global_topk_kernel, p), c, num_warps=16,
                      targets=("sm90", "sm100"), divisible=topk_div))
     # the compacting launches (decode and prefill tilings)
     for br, bc, warps in ((1, 2048, 16), (1, 512, _NUM_WARPS)):
-        c = {"B": 64, "BLOCK_R": br, "BLOCK_C": bc, "COMPACT": True}
+        c = {"B": 64, "K": 2048, "BLOCK_R": br, "BLOCK_C": bc, "COMPACT": True}
         register(AotSpec(f"index_kernels._global_topk_kernel[{br}x{bc},compact]", _global_topk_kernel,
                          _aot_signature(_global_topk_kernel, p), c, num_warps=warps,
                          divisible=topk_div))
@@ -577,12 +627,12 @@ def _register_aot() -> None:
     for dci, dlens, dvalid, local in ((True, True, False, False), (True, False, True, True),
                                       (False, False, False, False)):
         c = {"HAS_DCI": dci, "HAS_DLENS": dlens, "HAS_DVALID": dvalid, "IS_LOCAL": local,
-             "BLOCK_R": 16, "BLOCK_C": 256, "BLOCK_W": 128, "sbs": 64, "cbs": 64}
+             "BLOCK_R": 16, "BLOCK_C": 256, "BLOCK_W": 128, "sbs": 64, "cbs": 64, "W_swa": 128, "PT": 512}
         tag = "".join(k[0] if v else "-" for k, v in (("d", dci), ("l", dlens), ("v", dvalid), ("L", local)))
         register(AotSpec(f"index_kernels._flashinfer_mixed_kernel[{tag}]", _flashinfer_mixed_kernel,
                          _aot_signature(_flashinfer_mixed_kernel, p), c, num_warps=_NUM_WARPS,
                          divisible=("out_ptr", "dswa_ptr", "dci_ptr", "ptk_ptr", "s_dswa0", "s_dci0", "s_ptk0",
-                                    "s_out0", "K_dec", "K_pre", "W_swa", "PT")))
+                                    "s_out0", "K_dec", "K_pre")))
 
 
 _register_aot()

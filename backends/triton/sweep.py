@@ -109,12 +109,21 @@ SPACES = {
     "compute_global_topk_indices_and_lens": (("index", "compute_global_topk_indices_and_lens"),
                                              _grid(BLOCK_R=(1, 2), BLOCK_C=(512, 1024, 2048),
                                                    num_warps=(4, 8, 16))),
+    # 64-bit element offsets where 32-bit ones would do (the launcher's default is 32-bit)
+    "compute_global_topk_indices_and_lens [64-bit offsets]": (
+        ("index", "compute_global_topk_indices_and_lens"),
+        _grid(BLOCK_R=(1,), BLOCK_C=(512, 1024, 2048), num_warps=(4, 8), OFF32=(0,)),
+        "compute_global_topk_indices_and_lens"),
     # the row builders: one row per program (vLLM's shape) up to the bandwidth tiling
     "combine_topk_swa_indices": (("index", "combine_topk_swa_indices"),
                                  _grid(BLOCK_R=(1, 2, 4, 8), BLOCK_C=(256, 512, 1024), num_warps=(4, 8))),
     "build_flashinfer_mixed_sparse_indices": (("index", "build_flashinfer_mixed_sparse_indices"),
                                               _grid(BLOCK_R=(1, 2, 4, 8), BLOCK_C=(256, 512),
                                                     BLOCK_W=(64, 128), num_warps=(4, 8))),
+    "build_flashinfer_mixed_sparse_indices [64-bit offsets]": (
+        ("index", "build_flashinfer_mixed_sparse_indices"),
+        _grid(BLOCK_R=(1, 2), BLOCK_C=(256, 512), BLOCK_W=(128,), num_warps=(4,), OFF32=(0,)),
+        "build_flashinfer_mixed_sparse_indices"),
 }
 
 

@@ -14,6 +14,8 @@ device-agnostic; fp32 arithmetic follows the H200 bit for bit (codecs.fma32 for 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from dsv41.core import index_checks as _ic
@@ -173,6 +175,7 @@ def _f8_128x4_offsets(Tp: int, Gp: int, device) -> torch.Tensor:
     )
 
 
+@functools.lru_cache(maxsize=64)  # launchers ask on every call; a model has few widths
 def vllm_norm_layout(qs: int, ks: int, element_size: int) -> tuple[int, int, int]:
     """``(block, warps, per_thread)`` of vLLM's Q/KV norm kernel for row widths ``qs`` / ``ks``:
     one block of ``next_pow2(max(qs, ks))`` for both rows, 8 warps from 2048 on (else 4), rows

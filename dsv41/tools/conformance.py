@@ -255,20 +255,21 @@ def _combine(cr, topk, window=128, seed=4, rebased=True):
     return build
 
 
-def _flashinfer(local=False, decode_comp=True, lens=True, spans=(None, None), d=3, p=15, seed=5):
+def _flashinfer(local=False, decode_comp=True, lens=True, spans=(None, None), d=3, p=15, seed=5,
+                topk=50, seq=(20, 600)):
     def build(device):
         g = _gen(seed)
-        window, topk, cr, bs = 128, 50, 4, 64
+        window, cr, bs = 128, 4, 64
         w_swa = 128
         reqs_dec = d
         ql_pre = [7, 8] if p else []
         ql = [1] * reqs_dec + ql_pre
         r = len(ql)
         qsl = torch.tensor([0] + [sum(ql[: i + 1]) for i in range(r)], dtype=I32)
-        seq = torch.randint(20, 600, (r,), generator=g, dtype=I32)
+        seq_lens = torch.randint(*seq, (r,), generator=g, dtype=I32)
         replay = torch.zeros(r, dtype=I32)
         if r > 1:
-            replay[-1] = int(seq[-1]) - 3  # above some positions: swa_len <= 0
+            replay[-1] = int(seq_lens[-1]) - 3  # above some positions: swa_len <= 0
         t2r = torch.cat([torch.full((n,), i, dtype=I32) for i, n in enumerate(ql)] + [torch.zeros(2, dtype=I32)])
         swa_table = torch.randint(0, 40, (r, 12), generator=g, dtype=I32)
         comp_table = torch.randint(0, 40, (r, 5), generator=g, dtype=I32)
@@ -277,7 +278,8 @@ def _flashinfer(local=False, decode_comp=True, lens=True, spans=(None, None), d=
         dcomp = torch.randint(-1, 300 if local else 5000, (d, k_dec), generator=g, dtype=I32) if decode_comp else None
         dlens = torch.randint(0, k_dec, (d + 1,), generator=g, dtype=I32) if (lens and decode_comp and not local) else None
         valid = (torch.rand(d + 1, generator=g) > 0.3) if local else None
-        pre = torch.randint(-1, 150, (p, 50), generator=g, dtype=I32)
+        # local indices past the compressed table (5 pages of 64) too
+        pre = torch.randint(-1, 150 if topk <= 50 else 400, (p, topk), generator=g, dtype=I32)
         padded = (max(topk, k_dec if decode_comp else 0) + 3) // 4 * 4
         out = torch.full((d + p, w_swa + padded), -7, dtype=I32)
         out_lens = torch.full((d + p,), -7, dtype=I32)
@@ -285,7 +287,7 @@ def _flashinfer(local=False, decode_comp=True, lens=True, spans=(None, None), d=
         cspan = spans[1] if spans[1] is not None else bs
         return _on(
             device,
-            [dswa, dcomp, dlens, pre, qsl, seq, t2r, swa_table, bs, comp_table, bs, window, cr, topk,
+            [dswa, dcomp, dlens, pre, qsl, seq_lens, t2r, swa_table, bs, comp_table, bs, window, cr, topk,
              local and decode_comp, valid, sspan, cspan, replay, out, out_lens],
         )
 
@@ -627,6 +629,9 @@ def _all_cases() -> list[Case]:
     A(Case("build_flashinfer_mixed_sparse_indices", "no-decode-compressed", _flashinfer(decode_comp=False)))
     A(Case("build_flashinfer_mixed_sparse_indices", "decode-only", _flashinfer(p=0)))
     A(Case("build_flashinfer_mixed_sparse_indices", "prefill-only", _flashinfer(d=0, decode_comp=False)))
+    # rows wider than one column step of every launch shape (k_len up to the top-k of 520)
+    A(Case("build_flashinfer_mixed_sparse_indices", "wide-rows",
+           _flashinfer(d=2, topk=520, seq=(1800, 2600), seed=9)))
     A(Case("fused_save_compress_norm", "cr1", _save_compress(1), (9,)))
     A(Case("fused_save_compress_norm", "cr2-ring", _save_compress(2)))
     A(Case("fused_save_compress_norm", "cr2-boundary", _save_compress(2, seed=16, boundary=True)))
