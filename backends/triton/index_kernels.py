@@ -264,14 +264,15 @@ def compute_global_topk_indices_and_lens(
 def _topk_plan(N, K, s_in, s_out, tab, compact, pdl):
     """(grid, launch keywords) of a top-k launch: computed once per shape class, not per call
     (the eager call path, docs/kernel_contract.md)."""
-    # One token per program (measured best on the H200): whole rows in one step at decode
-    # sizes (latency; 16 warps up to DECODE_T rows: 2.65 against 2.85 us with 8 at 64 rows,
-    # H200 sweep without PDL, h200-sweep-5-topk-nopdl.jsonl), 512-column steps at prefill
-    # sizes (bandwidth).
+    # One token per program, whole rows (up to 2048 columns) in one step: at decode sizes
+    # with 16 warps (latency; 2.65 against 2.85 us with 8 at 64 rows, H200 sweep without PDL,
+    # h200-sweep-5-topk-nopdl.jsonl), at prefill sizes with 4 (bandwidth; H100 sweep at 65536
+    # rows, h100-sweep-12-index-builders.jsonl: 0.97 of copy, 373 us against 380 for
+    # 512-column steps and vLLM's 370; 8 / 16 warps 0.95 / 0.88).
     if N * K <= 1024 * 2048:
         block_r, block_c, warps = 1, min(_pow2(K), 2048), 16 if N <= launch.DECODE_T else 8
     else:
-        block_r, block_c, warps = 1, min(_pow2(K), 512), 4
+        block_r, block_c, warps = 1, min(_pow2(K), 2048), 4
     cfg = TUNE.get("compute_global_topk_indices_and_lens") \
         or (_measured("compute_global_topk_indices_and_lens", N) if N * K > 1024 * 2048 else {})
     if cfg:
