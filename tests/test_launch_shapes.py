@@ -289,16 +289,26 @@ def test_conversion_paths_in_one_look(monkeypatch):
 
 def test_index_kernels_32bit_offsets_only_where_every_offset_fits():
     """The index kernels' 32-bit address arithmetic is chosen only when the largest element
-    offset of every tensor it covers is below 2^31 (views with large strides included)."""
+    offset of every tensor it covers is below 2^31 (views with large strides included), and
+    the launch plans ask with the tensors' real shapes and strides."""
     pytest.importorskip("triton")
-    from dsv41.backends.triton.index_kernels import _fits32
+    from dsv41.backends.triton import index_kernels as ik
 
-    def t(shape, stride):
-        return torch.empty_strided(shape, stride, dtype=torch.int32, device="meta")
-
-    assert _fits32(t((65536, 2048), (2048, 1)), t((4, 256), (256, 1)))
-    assert _fits32(t((2, 1), (2**31 - 1, 1)))  # largest offset 2^31 - 1
-    assert not _fits32(t((3, 1), (2**30, 1)))  # 2^31
-    assert not _fits32(t((4, 256), (256, 1)), t((1, 2**31 + 1), (2**31 + 1, 1)))
-    assert not _fits32(t((2, 2), (1, 2**31)))  # column stride
-    assert _fits32(t((0, 5), (2**40, 1)))  # empty: nothing is addressed
+    assert ik._fits32(((65536, 2048), (2048, 1)), ((4, 256), (256, 1)))
+    assert ik._fits32(((2, 1), (2**31 - 1, 1)))  # largest offset 2^31 - 1
+    assert not ik._fits32(((3, 1), (2**30, 1)))  # 2^31
+    assert not ik._fits32(((4, 256), (256, 1)), ((1, 2**31 + 1), (2**31 + 1, 1)))
+    assert not ik._fits32(((2, 2), (1, 2**31)))  # column stride
+    assert ik._fits32(((0, 5), (2**40, 1)))  # empty: nothing is addressed
+    # top-k: a block table whose rows lie 2^30 elements apart (a view of a larger allocation)
+    tab = ((3, 4), (2**30, 1))
+    _, kw = ik._topk_plan.__wrapped__(8, 64, (64, 1), (64, 1), (*tab[0], *tab[1]), False, False, 64)
+    assert kw["OFF32"] is False
+    _, kw = ik._topk_plan.__wrapped__(8, 64, (64, 1), (64, 1), (2, 4, 2**30, 1), False, False, 64)
+    assert kw["OFF32"] is True
+    # FlashInfer indices: the output's offsets decide as well
+    t = (4, 8, 8, 1)
+    *_, kw = ik._flashinfer_plan.__wrapped__(0, 2**21 + 1, 128, 896, 512, (1024, 1), (512, 1), t, t, False, 64)
+    assert kw["OFF32"] is False  # 2^21 * 1024 + 1023 >= 2^31
+    *_, kw = ik._flashinfer_plan.__wrapped__(0, 2**21, 128, 896, 512, (1024, 1), (512, 1), t, t, False, 64)
+    assert kw["OFF32"] is True  # (2^21 - 1) * 1024 + 1023 = 2^31 - 1

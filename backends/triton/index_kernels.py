@@ -101,10 +101,11 @@ def _measured(op: str, rows: int) -> dict:
     return cfg or {}
 
 
-def _fits32(*tensors: torch.Tensor) -> bool:
-    """Every element offset of every (non-empty, 1-D or 2-D) tensor below 2^31: the kernels'
-    per-element address arithmetic may stay 32-bit."""
-    return all(sum((n - 1) * st for n, st in zip(t.shape, t.stride())) < 2**31 for t in tensors if t.numel())
+def _fits32(*layouts) -> bool:
+    """Every element offset of every non-empty tensor given as a ``(shape, stride)`` pair is
+    below 2^31: the kernels' per-element address arithmetic may stay 32-bit."""
+    return all(sum((n - 1) * st for n, st in zip(shape, stride)) < 2**31
+               for shape, stride in layouts if all(shape))
 
 
 def _table_strides(t: torch.Tensor) -> tuple[int, int, int, int]:
@@ -246,7 +247,7 @@ def compute_global_topk_indices_and_lens(
     tab = _table_strides(block_table)
     pdl = launch.decode_pdl(topk_indices.device, N)
     plan = _topk_plan if "compute_global_topk_indices_and_lens" not in TUNE else _topk_plan.__wrapped__
-    grid, kw = plan(N, K, s_in, s_out, tab, bool(compact), pdl)
+    grid, kw = plan(N, K, s_in, s_out, tab, bool(compact), pdl, launch.DECODE_T)
     valid = is_valid_token.view(torch.uint8) if is_valid_token.dtype == torch.bool else is_valid_token
     _global_topk_launch(grid,
         topk_indices, *s_in,
@@ -261,9 +262,10 @@ def compute_global_topk_indices_and_lens(
 
 
 @functools.lru_cache(maxsize=256)
-def _topk_plan(N, K, s_in, s_out, tab, compact, pdl):
+def _topk_plan(N, K, s_in, s_out, tab, compact, pdl, decode_t):
     """(grid, launch keywords) of a top-k launch: computed once per shape class, not per call
-    (the eager call path, docs/kernel_contract.md)."""
+    (the eager call path, docs/kernel_contract.md; ``decode_t``: ``launch.DECODE_T``, which
+    the shape depends on)."""
     # One token per program, whole rows (up to 2048 columns) in one step: at decode sizes
     # with 16 warps (latency; 2.65 against 2.85 us with 8 at 64 rows, H200 sweep without PDL,
     # h200-sweep-5-topk-nopdl.jsonl), at prefill sizes with 4 (bandwidth; H100 sweep at 65536
@@ -278,9 +280,7 @@ def _topk_plan(N, K, s_in, s_out, tab, compact, pdl):
     if cfg:
         block_r, block_c, warps = cfg["BLOCK_R"], cfg["BLOCK_C"], cfg["num_warps"]
     # every element offset of the three 2-D tensors below 2^31: 32-bit address arithmetic
-    off32 = cfg.get("OFF32", True) and max(
-        (N - 1) * s_in[0] + (K - 1) * s_in[1], (N - 1) * s_out[0] + (K - 1) * s_out[1],
-        (tab[0] - 1) * tab[2] + (tab[1] - 1) * tab[3]) < 2**31
+    off32 = cfg.get("OFF32", True) and _fits32(((N, K), s_in), ((N, K), s_out), (tab[:2], tab[2:]))
     kw = dict(BLOCK_R=block_r, BLOCK_C=block_c, PDL=pdl, COMPACT=compact, num_warps=warps,
               OFF32=bool(off32), **launch.pdl_kwargs(pdl))
     return (launch.cdiv(N, block_r),), kw
@@ -543,37 +543,50 @@ def build_flashinfer_mixed_sparse_indices(*args, **kwargs):
     qsl, seq, t2r, rs = a.query_start_loc, a.seq_lens, a.token_to_req_indices, a.replay_start
     swa, comp = a.swa_block_table, a.compressed_block_table
 
-    block_r, block_c, warps = _row_shape("build_flashinfer_mixed_sparse_indices", D + P,
-                                         max(W_swa, PT, 1))
-    extra = _measured("build_flashinfer_mixed_sparse_indices", D + P)
-    block_w = extra.get("BLOCK_W") or min(_pow2(max(W_swa, 1)), block_c)
-    off32 = extra.get("OFF32", True) and _fits32(sparse_indices, prefill_topk_indices, swa, comp)
-    n_dec_tiles = launch.cdiv(D, block_r)
-    grid = (n_dec_tiles + launch.cdiv(P, block_r),)
+    s_out, s_ptk = sparse_indices.stride(), prefill_topk_indices.stride()
+    tab_s, tab_c = _table_strides(swa), _table_strides(comp)
     pdl = launch.decode_pdl(sparse_indices.device, D + P)
+    plan = _flashinfer_plan if _FI_OP not in TUNE else _flashinfer_plan.__wrapped__
+    grid, n_dec_tiles, kw = plan(D, P, W_swa, PT, prefill_topk_indices.shape[1], s_out, s_ptk,
+                                 tab_s, tab_c, pdl, launch.DECODE_T)
     _flashinfer_mixed_launch(grid,
         decode_swa_indices, decode_swa_indices.stride(0), decode_swa_indices.stride(1),
         dci, dci.stride(0), dci.stride(1), K_dec,
         dlens, dlens.stride(0),
         dvalid, dvalid.stride(0),
-        prefill_topk_indices, prefill_topk_indices.stride(0), prefill_topk_indices.stride(1),
-        prefill_topk_indices.shape[1],
+        prefill_topk_indices, *s_ptk, prefill_topk_indices.shape[1],
         qsl, qsl.stride(0),
         seq, seq.stride(0), seq.shape[0],
         t2r, t2r.stride(0),
-        swa, *_table_strides(swa), a.swa_block_size, a.swa_block_span,
-        comp, *_table_strides(comp), a.compressed_block_size, a.compressed_block_span,
+        swa, *tab_s, a.swa_block_size, a.swa_block_span,
+        comp, *tab_c, a.compressed_block_size, a.compressed_block_span,
         rs, rs.stride(0), rs.shape[0],
-        sparse_indices, sparse_indices.stride(0), sparse_indices.stride(1),
+        sparse_indices, *s_out,
         sparse_topk_lens, sparse_topk_lens.stride(0),
         D, P, W_swa, PT, n_dec_tiles,
         a.window_size, a.compress_ratio, a.topk,
-        HAS_DCI=has_dci, HAS_DLENS=has_dlens, HAS_DVALID=has_dvalid, IS_LOCAL=is_local,
-        BLOCK_R=block_r, BLOCK_C=block_c, BLOCK_W=block_w, PDL=pdl, num_warps=warps,
-        OFF32=off32,
-        **launch.pdl_kwargs(pdl),
+        HAS_DCI=has_dci, HAS_DLENS=has_dlens, HAS_DVALID=has_dvalid, IS_LOCAL=is_local, **kw,
     )
     return None
+
+
+_FI_OP = "build_flashinfer_mixed_sparse_indices"
+
+
+@functools.lru_cache(maxsize=256)
+def _flashinfer_plan(D, P, W_swa, PT, K_pre, s_out, s_ptk, tab_s, tab_c, pdl, decode_t):
+    """(grid, decode tiles, launch keywords) of a FlashInfer-indices launch, once per shape
+    class (``decode_t``: ``launch.DECODE_T``, part of the key because the shapes depend on it)."""
+    block_r, block_c, warps = _row_shape(_FI_OP, D + P, max(W_swa, PT, 1))
+    extra = _measured(_FI_OP, D + P)
+    block_w = extra.get("BLOCK_W") or min(_pow2(max(W_swa, 1)), block_c)
+    # the prefill rows' offsets (output, local indices, both tables) in 32 bits where they fit
+    off32 = extra.get("OFF32", True) and _fits32(
+        ((D + P, W_swa + PT), s_out), ((P, K_pre), s_ptk), (tab_s[:2], tab_s[2:]), (tab_c[:2], tab_c[2:]))
+    n_dec_tiles = launch.cdiv(D, block_r)
+    kw = dict(BLOCK_R=block_r, BLOCK_C=block_c, BLOCK_W=block_w, PDL=pdl, num_warps=warps,
+              OFF32=bool(off32), **launch.pdl_kwargs(pdl))
+    return (n_dec_tiles + launch.cdiv(P, block_r),), n_dec_tiles, kw
 
 
 _FLASHINFER = spec("build_flashinfer_mixed_sparse_indices")
