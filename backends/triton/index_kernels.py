@@ -264,7 +264,7 @@ def compute_global_topk_indices_and_lens(
 @functools.lru_cache(maxsize=256)
 def _topk_plan(N, K, s_in, s_out, tab, compact, pdl, decode_t):
     """(grid, launch keywords) of a top-k launch: computed once per shape class, not per call
-    (the eager call path, docs/kernel_contract.md; ``decode_t``: ``launch.DECODE_T``, which
+    (the eager call path, docs/decisions.md; ``decode_t``: ``launch.DECODE_T``, which
     the shape depends on)."""
     # One token per program, whole rows (up to 2048 columns) in one step: at decode sizes
     # with 16 warps (latency; 2.65 against 2.85 us with 8 at 64 rows, H200 sweep without PDL,
