@@ -271,15 +271,16 @@ def _flashinfer(local=False, decode_comp=True, lens=True, spans=(None, None), d=
         if r > 1:
             replay[-1] = int(seq_lens[-1]) - 3  # above some positions: swa_len <= 0
         t2r = torch.cat([torch.full((n,), i, dtype=I32) for i, n in enumerate(ql)] + [torch.zeros(2, dtype=I32)])
-        swa_table = torch.randint(0, 40, (r, 12), generator=g, dtype=I32)
-        comp_table = torch.randint(0, 40, (r, 5), generator=g, dtype=I32)
+        # tables as wide as the windows and local indices read (the index contract)
+        swa_w, comp_w = (12, 5) if topk <= 50 else (-(-seq[1] // bs), 7)
+        swa_table = torch.randint(0, 40, (r, swa_w), generator=g, dtype=I32)
+        comp_table = torch.randint(0, 40, (r, comp_w), generator=g, dtype=I32)
         dswa = torch.randint(-1, 2000, (d, w_swa), generator=g, dtype=I32)
         k_dec = 44 if local else 53
         dcomp = torch.randint(-1, 300 if local else 5000, (d, k_dec), generator=g, dtype=I32) if decode_comp else None
         dlens = torch.randint(0, k_dec, (d + 1,), generator=g, dtype=I32) if (lens and decode_comp and not local) else None
         valid = (torch.rand(d + 1, generator=g) > 0.3) if local else None
-        # local indices past the compressed table (5 pages of 64) too
-        pre = torch.randint(-1, 150 if topk <= 50 else 400, (p, topk), generator=g, dtype=I32)
+        pre = torch.randint(-1, 150 if topk <= 50 else comp_w * bs, (p, topk), generator=g, dtype=I32)
         padded = (max(topk, k_dec if decode_comp else 0) + 3) // 4 * 4
         out = torch.full((d + p, w_swa + padded), -7, dtype=I32)
         out_lens = torch.full((d + p,), -7, dtype=I32)
