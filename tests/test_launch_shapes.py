@@ -124,11 +124,10 @@ def test_pdl_only_for_decode_launches_and_native_kernels(monkeypatch):
 
 
 def test_host_integer_helpers_and_span():
-    """The launchers' host math: ``cdiv`` / ``pow2`` equal Triton's, and ``rope_kernels._span``
-    (int32 vs int64 offsets) is the largest element offset a tensor view reaches."""
+    """The launchers' host math: ``cdiv`` / ``pow2`` equal Triton's, and ``launch.span`` /
+    ``launch.layout_span`` (int32 vs int64 offsets) are the largest element offset a tensor
+    view reaches (from its storage's start / from its first element)."""
     import triton
-
-    from dsv41.backends.triton import rope_kernels
 
     for a in range(0, 300):
         for b in (1, 2, 3, 7, 64, 128):
@@ -142,8 +141,10 @@ def test_host_integer_helpers_and_span():
         else:
             idx = torch.arange(base.numel()).view(base.shape).as_strided(v.shape, v.stride(), v.storage_offset())
             want = int(idx.max())
-        assert rope_kernels._span(v) == want, (v.shape, v.stride())
-    assert rope_kernels._span(None, *views) == base.numel() - 1
+        assert launch.span(v) == want, (v.shape, v.stride())
+        first = v.storage_offset() if v.numel() else 0
+        assert launch.layout_span((v.shape, v.stride())) == want - first, (v.shape, v.stride())
+    assert launch.span(None, *views) == base.numel() - 1
 
 
 INV_ROPE = [c for c in CASES if c.op == "fused_inv_rope_fp8_quant"]
@@ -288,27 +289,26 @@ def test_conversion_paths_in_one_look(monkeypatch):
 
 
 def test_index_kernels_32bit_offsets_only_where_every_offset_fits():
-    """The index kernels' 32-bit address arithmetic is chosen only when the largest element
-    offset of every tensor it covers is below 2^31 (views with large strides included), and
-    the launch plans ask with the tensors' real shapes and strides."""
+    """The index kernels' launch plans choose 32-bit address arithmetic only when the largest
+    element offset of every tensor involved is below ``launch.I32_SAFE`` (views with large
+    strides included)."""
     pytest.importorskip("triton")
     from dsv41.backends.triton import index_kernels as ik
 
-    assert ik._fits32(((65536, 2048), (2048, 1)), ((4, 256), (256, 1)))
-    assert ik._fits32(((2, 1), (2**31 - 1, 1)))  # largest offset 2^31 - 1
-    assert not ik._fits32(((3, 1), (2**30, 1)))  # 2^31
-    assert not ik._fits32(((4, 256), (256, 1)), ((1, 2**31 + 1), (2**31 + 1, 1)))
-    assert not ik._fits32(((2, 2), (1, 2**31)))  # column stride
-    assert ik._fits32(((0, 5), (2**40, 1)))  # empty: nothing is addressed
-    # top-k: a block table whose rows lie 2^30 elements apart (a view of a larger allocation)
-    tab = ((3, 4), (2**30, 1))
-    _, kw = ik._topk_plan.__wrapped__(8, 64, (64, 1), (64, 1), (*tab[0], *tab[1]), False, False, 64)
-    assert kw["OFF32"] is False
-    _, kw = ik._topk_plan.__wrapped__(8, 64, (64, 1), (64, 1), (2, 4, 2**30, 1), False, False, 64)
+    safe = launch.I32_SAFE
+    # top-k: a block table whose rows lie far apart (a view of a larger allocation)
+    _, kw = ik._topk_plan(8, 64, (64, 1), (64, 1), (3, 4, safe // 2, 1), False, False)
+    assert kw["OFF32"] is False  # 2 * (safe // 2) + 3 >= safe
+    _, kw = ik._topk_plan(8, 64, (64, 1), (64, 1), (2, 4, safe // 2, 1), False, False)
     assert kw["OFF32"] is True
-    # FlashInfer indices: the output's offsets decide as well
+    _, kw = ik._topk_plan(8, 64, (64, 1), (1, safe), (2, 4, 4, 1), False, False)
+    assert kw["OFF32"] is False  # the output's column stride
+    # FlashInfer indices: the output's rows decide as well
     t = (4, 8, 8, 1)
-    *_, kw = ik._flashinfer_plan.__wrapped__(0, 2**21 + 1, 128, 896, 512, (1024, 1), (512, 1), t, t, False, 64)
-    assert kw["OFF32"] is False  # 2^21 * 1024 + 1023 >= 2^31
-    *_, kw = ik._flashinfer_plan.__wrapped__(0, 2**21, 128, 896, 512, (1024, 1), (512, 1), t, t, False, 64)
-    assert kw["OFF32"] is True  # (2^21 - 1) * 1024 + 1023 = 2^31 - 1
+    rows = safe // 1024 + 1  # (rows - 1) * 1024 + 1023 >= safe
+    *_, kw = ik._flashinfer_plan(0, rows, 128, 896, 512, (1024, 1), (512, 1), t, t, False)
+    assert kw["OFF32"] is False
+    *_, kw = ik._flashinfer_plan(0, rows - 1, 128, 896, 512, (1024, 1), (512, 1), t, t, False)
+    assert kw["OFF32"] is True
+    # an empty tensor addresses nothing
+    assert launch.layout_span(((0, 5), (2**40, 1)), ((2, 3), (3, 1))) == 5

@@ -669,7 +669,6 @@ _quant_insert_launch = bind(_quant_insert_kernel)
 
 
 @functools.lru_cache(maxsize=None)
-@functools.lru_cache(maxsize=None)  # three records; the insert and gather launchers ask per call
 def _geometry(width: int) -> dict:
     """Constexpr geometry of a paged KV record, read from ``dsv41.core.formats``: NQ quantized
     groups of G dims (NG: the power of two the group axis is padded to), VB value bytes and

@@ -25,8 +25,6 @@ Conventions (all three kernels):
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -99,13 +97,6 @@ def _measured(op: str, rows: int) -> dict:
         m = tuning.TABLE.get(op)
         cfg = m.shape if m is not None else None
     return cfg or {}
-
-
-def _fits32(*layouts) -> bool:
-    """Every element offset of every non-empty tensor given as a ``(shape, stride)`` pair is
-    below 2^31: the kernels' per-element address arithmetic may stay 32-bit."""
-    return all(sum((n - 1) * st for n, st in zip(shape, stride)) < 2**31
-               for shape, stride in layouts if all(shape))
 
 
 def _table_strides(t: torch.Tensor) -> tuple[int, int, int, int]:
@@ -246,8 +237,8 @@ def compute_global_topk_indices_and_lens(
     s_in, s_out = topk_indices.stride(), global_topk_indices.stride()
     tab = _table_strides(block_table)
     pdl = launch.decode_pdl(topk_indices.device, N)
-    plan = _topk_plan if "compute_global_topk_indices_and_lens" not in TUNE else _topk_plan.__wrapped__
-    grid, kw = plan(N, K, s_in, s_out, tab, bool(compact), pdl, launch.DECODE_T)
+    grid, kw = tuning.remembered(("topk", N, K, s_in, s_out, tab, bool(compact), pdl, launch.DECODE_T),
+                                 _topk_plan, N, K, s_in, s_out, tab, bool(compact), pdl)
     valid = is_valid_token.view(torch.uint8) if is_valid_token.dtype == torch.bool else is_valid_token
     _global_topk_launch(grid,
         topk_indices, *s_in,
@@ -261,11 +252,9 @@ def compute_global_topk_indices_and_lens(
     return None
 
 
-@functools.lru_cache(maxsize=256)
-def _topk_plan(N, K, s_in, s_out, tab, compact, pdl, decode_t):
-    """(grid, launch keywords) of a top-k launch: computed once per shape class, not per call
-    (the eager call path, docs/decisions.md; ``decode_t``: ``launch.DECODE_T``, which
-    the shape depends on)."""
+def _topk_plan(N, K, s_in, s_out, tab, compact, pdl):
+    """(grid, launch keywords) of a top-k launch; the launcher keeps it per shape class
+    (``tuning.remembered``, keyed with ``launch.DECODE_T``, which the shape depends on)."""
     # One token per program, whole rows (up to 2048 columns) in one step: at decode sizes
     # with 16 warps (latency; 2.65 against 2.85 us with 8 at 64 rows, H200 sweep without PDL,
     # h200-sweep-5-topk-nopdl.jsonl), at prefill sizes with 4 (bandwidth; H100 sweep at 65536
@@ -279,8 +268,9 @@ def _topk_plan(N, K, s_in, s_out, tab, compact, pdl, decode_t):
         or (_measured("compute_global_topk_indices_and_lens", N) if N * K > 1024 * 2048 else {})
     if cfg:
         block_r, block_c, warps = cfg["BLOCK_R"], cfg["BLOCK_C"], cfg["num_warps"]
-    # every element offset of the three 2-D tensors below 2^31: 32-bit address arithmetic
-    off32 = cfg.get("OFF32", True) and _fits32(((N, K), s_in), ((N, K), s_out), (tab[:2], tab[2:]))
+    # every element offset of the three 2-D tensors in int32 range: 32-bit address arithmetic
+    off32 = cfg.get("OFF32", True) and launch.layout_span(
+        ((N, K), s_in), ((N, K), s_out), (tab[:2], tab[2:])) < launch.I32_SAFE
     kw = dict(BLOCK_R=block_r, BLOCK_C=block_c, PDL=pdl, COMPACT=compact, num_warps=warps,
               OFF32=bool(off32), **launch.pdl_kwargs(pdl))
     return (launch.cdiv(N, block_r),), kw
@@ -546,15 +536,16 @@ def build_flashinfer_mixed_sparse_indices(*args, **kwargs):
     s_out, s_ptk = sparse_indices.stride(), prefill_topk_indices.stride()
     tab_s, tab_c = _table_strides(swa), _table_strides(comp)
     pdl = launch.decode_pdl(sparse_indices.device, D + P)
-    plan = _flashinfer_plan if _FI_OP not in TUNE else _flashinfer_plan.__wrapped__
-    grid, n_dec_tiles, kw = plan(D, P, W_swa, PT, prefill_topk_indices.shape[1], s_out, s_ptk,
-                                 tab_s, tab_c, pdl, launch.DECODE_T)
+    K_pre = prefill_topk_indices.shape[1]
+    grid, n_dec_tiles, kw = tuning.remembered(
+        ("flashinfer", D, P, W_swa, PT, K_pre, s_out, s_ptk, tab_s, tab_c, pdl, launch.DECODE_T),
+        _flashinfer_plan, D, P, W_swa, PT, K_pre, s_out, s_ptk, tab_s, tab_c, pdl)
     _flashinfer_mixed_launch(grid,
         decode_swa_indices, decode_swa_indices.stride(0), decode_swa_indices.stride(1),
         dci, dci.stride(0), dci.stride(1), K_dec,
         dlens, dlens.stride(0),
         dvalid, dvalid.stride(0),
-        prefill_topk_indices, *s_ptk, prefill_topk_indices.shape[1],
+        prefill_topk_indices, *s_ptk, K_pre,
         qsl, qsl.stride(0),
         seq, seq.stride(0), seq.shape[0],
         t2r, t2r.stride(0),
@@ -573,16 +564,16 @@ def build_flashinfer_mixed_sparse_indices(*args, **kwargs):
 _FI_OP = "build_flashinfer_mixed_sparse_indices"
 
 
-@functools.lru_cache(maxsize=256)
-def _flashinfer_plan(D, P, W_swa, PT, K_pre, s_out, s_ptk, tab_s, tab_c, pdl, decode_t):
-    """(grid, decode tiles, launch keywords) of a FlashInfer-indices launch, once per shape
-    class (``decode_t``: ``launch.DECODE_T``, part of the key because the shapes depend on it)."""
+def _flashinfer_plan(D, P, W_swa, PT, K_pre, s_out, s_ptk, tab_s, tab_c, pdl):
+    """(grid, decode tiles, launch keywords) of a FlashInfer-indices launch; the launcher keeps
+    it per shape class, like the top-k plan."""
     block_r, block_c, warps = _row_shape(_FI_OP, D + P, max(W_swa, PT, 1))
     extra = _measured(_FI_OP, D + P)
     block_w = extra.get("BLOCK_W") or min(_pow2(max(W_swa, 1)), block_c)
     # the prefill rows' offsets (output, local indices, both tables) in 32 bits where they fit
-    off32 = extra.get("OFF32", True) and _fits32(
-        ((D + P, W_swa + PT), s_out), ((P, K_pre), s_ptk), (tab_s[:2], tab_s[2:]), (tab_c[:2], tab_c[2:]))
+    off32 = extra.get("OFF32", True) and launch.layout_span(
+        ((D + P, W_swa + PT), s_out), ((P, K_pre), s_ptk), (tab_s[:2], tab_s[2:]),
+        (tab_c[:2], tab_c[2:])) < launch.I32_SAFE
     n_dec_tiles = launch.cdiv(D, block_r)
     kw = dict(BLOCK_R=block_r, BLOCK_C=block_c, BLOCK_W=block_w, PDL=pdl, num_warps=warps,
               OFF32=bool(off32), **launch.pdl_kwargs(pdl))

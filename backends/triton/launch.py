@@ -105,3 +105,40 @@ def cdiv(a: int, b: int) -> int:
 def pow2(n: int) -> int:
     """The smallest power of two >= max(n, 1)."""
     return 1 << (max(int(n), 1) - 1).bit_length()
+
+
+# 32- or 64-bit element offsets: a launcher passes int32 offsets to its kernel when every element
+# offset its tensors reach is below this (the margin covers a tile's masked lanes, which compute
+# offsets past the end without dereferencing them).
+I32_SAFE = 2**31 - 2**20
+
+
+def span(*tensors) -> int:
+    """Largest element offset any of the tensors reaches from its storage's start (None and
+    empty tensors: 0)."""
+    m = 0
+    for t in tensors:  # plain loops: this runs on every launch (host time)
+        if t is None:
+            continue
+        n = t.numel()
+        if n == 0:
+            continue
+        if t.is_contiguous():  # the common case, three C calls: offset + numel - 1 exactly
+            off = t.storage_offset() + n - 1
+        else:
+            off = t.storage_offset()
+            for size, st in zip(t.shape, t.stride()):
+                off += (size - 1) * (st if st >= 0 else -st)
+        if off > m:
+            m = off
+    return m
+
+
+def layout_span(*layouts) -> int:
+    """``span`` from ``(shape, stride)`` pairs (offsets from each tensor's first element), for
+    launch plans keyed on integers."""
+    m = 0
+    for shape, stride in layouts:
+        if all(shape):
+            m = max(m, sum((n - 1) * abs(st) for n, st in zip(shape, stride)))
+    return m

@@ -304,48 +304,6 @@ def _target(total_elems: int, big: int, big_warps: int) -> tuple[int, int]:
     return 2048, 4
 
 
-def _span(*tensors) -> int:
-    """Largest element offset any of the tensors reaches (decides int32 vs int64 offsets)."""
-    m = 0
-    for t in tensors:  # plain loops: this runs on every launch (host time)
-        if t is None:
-            continue
-        n = t.numel()
-        if n == 0:
-            continue
-        if t.is_contiguous():  # the common case, three C calls: offset + numel - 1 exactly
-            off = t.storage_offset() + n - 1
-        else:
-            off = t.storage_offset()
-            for size, st in zip(t.shape, t.stride()):
-                off += (size - 1) * (st if st >= 0 else -st)
-        if off > m:
-            m = off
-    return m
-
-
-# Launch configurations that depend on integers only (sizes, flags), per launcher and key: a
-# decode step repeats a handful of them.  Computed afresh while a tuning override is in force
-# (the sweep and tests set ``tuning.OVERRIDES``), so an override always takes effect.
-_CONFIGS: dict = {}
-_CONFIGS_MAX = 1024
-
-
-def _config(key: tuple, make, *args):
-    """``make(*args)``, remembered under ``key`` (which must determine it)."""
-    if tuning.OVERRIDES:
-        return make(*args)
-    cfg = _CONFIGS.get(key)
-    if cfg is None:
-        if len(_CONFIGS) >= _CONFIGS_MAX:
-            _CONFIGS.clear()
-        cfg = _CONFIGS[key] = make(*args)
-    return cfg
-
-
-_I32_SAFE = 2**31 - 2**20  # offsets below this are computed in int32 (margin for tile overrun)
-
-
 def _is_pow2(n: int) -> bool:
     return n > 0 and (n & (n - 1)) == 0
 
@@ -364,7 +322,7 @@ def fused_indexer_q_rope_quant(
     assert index_q.stride(2) == 1 and q_out.stride(2) == 1 and cos_sin_cache.stride(-1) == 1
     assert nope % 2 == 0 and R % 2 == 0
     use_fp4 = bool(use_fp4)
-    block_p, bt, bh, warps, split, grid = _config(("q", T, H, D, R, use_fp4), _indexer_q_config,
+    block_p, bt, bh, warps, split, grid = tuning.remembered(("q", T, H, D, R, use_fp4), _indexer_q_config,
                                                   T, H, D, R, use_fp4)
     out = q_out.view(torch.uint8)
     if use_fp4:
@@ -376,8 +334,8 @@ def fused_indexer_q_rope_quant(
         sc, sc_strides = out, (0, 0)  # q_scale_out is empty in the FP8 path
     wo_bf16 = weights_out.dtype == torch.bfloat16
     wo = weights_out.view(torch.int16) if wo_bf16 else weights_out
-    off64 = _span(index_q, out, sc if use_fp4 else None, cos_sin_cache, index_weights, wo,
-                  positions) >= _I32_SAFE
+    off64 = launch.span(index_q, out, sc if use_fp4 else None, cos_sin_cache, index_weights, wo,
+                        positions) >= launch.I32_SAFE
     q, words = index_q, False
     if use_fp4 and split:
         # the MXFP4 split path reads pairs: as int32 words where rows are 4-byte aligned
@@ -571,10 +529,10 @@ def fused_inv_rope_fp8_quant(
         sc, sc_strides = o, (0, 0)  # nothing is written
         out = out_buf.view(torch.int16)
         assert out_buf.dtype == torch.bfloat16, "quantize=False writes bf16 rows"
-    off64 = max(_span(o, out_buf, cos_sin_cache, positions),
-                4 * _span(scale_buf) + 4) >= _I32_SAFE
+    off64 = max(launch.span(o, out_buf, cos_sin_cache, positions),
+                4 * launch.span(scale_buf) + 4) >= launch.I32_SAFE
     qg = QG if quantize else 2
-    bt, bh, warps, window, grid = _config(("inv", T, Ta, NH, Dh, qg), _inv_rope_config, T, Ta, NH, Dh, qg)
+    bt, bh, warps, window, grid = tuning.remembered(("inv", T, Ta, NH, Dh, qg), _inv_rope_config, T, Ta, NH, Dh, qg)
     pdl = launch.decode_pdl(o.device, T)
     _inv_rope_launch(grid,
         o, o.stride(0), o.stride(1),

@@ -20,7 +20,7 @@ import dataclasses
 
 from . import launch
 
-__all__ = ["Measured", "TABLE", "OVERRIDES", "shape"]
+__all__ = ["Measured", "TABLE", "OVERRIDES", "shape", "remembered"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,3 +95,22 @@ def shape(key: str, tokens: int | None, override: str | None = None) -> dict | N
         return hit
     m = launch.measured(TABLE, key, tokens)
     return None if m is None else m.shape
+
+
+# Launch configurations that depend on integers only (sizes, strides, flags), per launcher and
+# key: a decode step repeats a handful of them.  Computed afresh while an override is in force
+# (the sweep and tests set ``OVERRIDES``), so an override always takes effect.
+_CONFIGS: dict = {}
+_CONFIGS_MAX = 1024
+
+
+def remembered(key: tuple, make, *args):
+    """``make(*args)``, remembered under ``key`` (which must determine it)."""
+    if OVERRIDES:
+        return make(*args)
+    cfg = _CONFIGS.get(key)
+    if cfg is None:
+        if len(_CONFIGS) >= _CONFIGS_MAX:
+            _CONFIGS.clear()
+        cfg = _CONFIGS[key] = make(*args)
+    return cfg
