@@ -14,9 +14,11 @@ child process anyway (compiling in a process that ran interpreted kernels is not
     python tests/bound_launch_check.py unit        # a probe kernel: alignment, 1, %16, types,
                                                    # constexprs, options, hooks, the env switch
     python tests/bound_launch_check.py ops [T ...] # every Triton launcher on the bench inputs
+    python tests/bound_launch_check.py replay [T ...]  # backends/triton/replay.py against the
+                                                   # launchers (every op) and on a probe launcher
     python tests/bound_launch_check.py time [T]    # host us per launcher call, both paths
 
-``unit`` and ``ops`` print one JSON object: {"checks": n, "hits": n, "failures": [...]}.
+``unit``, ``ops`` and ``replay`` print one JSON object: {"checks": n, "hits": n, "failures": [...]}.
 ``time`` prints a table: wall time per call of each launcher on the bench's inputs (min of 5
 repeats of 2000 calls), through Triton's path and bound; the stand-in launcher does nothing, so
 this is the host's Python work per launch minus the compiled launcher's own C code.
@@ -251,6 +253,162 @@ def ops(tokens=(1, 17, 64)) -> dict:
     return {"checks": checks, "hits": _kept_keys(), "failures": failures}
 
 
+def _launched(call) -> list:
+    del _records[:]
+    call()
+    return [dict(r) for r in _records]
+
+
+def _same_launches(direct: list, replayed: list, tensors) -> list:
+    """A replayed launch is the direct one with every pointer passed as an integer."""
+    if len(direct) != len(replayed) or not direct:
+        return [f"{len(direct)} direct launches, {len(replayed)} replayed"]
+    problems = []
+    for a, b in zip(direct, replayed):
+        for k in ("launcher", "grid", "stream", "function", "packed"):
+            if a[k] != b[k]:
+                problems.append(f"{k} differs: direct {str(a[k])[:200]} / replayed {str(b[k])[:200]}")
+        want, got = ([("int", x[1]) if x[0] == "tensor" else x for x in r["args"]] for r in (a, b))
+        if want != got:
+            problems.append(f"arguments differ: direct {str(want)[:300]} / replayed {str(got)[:300]}")
+    return problems
+
+
+def _fresh(args, shift: int = 0):
+    """Copies of the tensor arguments at other addresses (``shift`` elements in: another
+    alignment), the rest as is."""
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor) and type(a) is torch.Tensor:
+            base = torch.empty(a.numel() + shift + 64, dtype=a.dtype) if a.numel() else a.new_empty(0)
+            if a.numel():
+                c = base[shift:shift + a.numel()].view(a.shape) if a.is_contiguous() else a.clone()
+                c.copy_(a)
+                out.append(c)
+            else:
+                out.append(a.clone())
+        else:
+            out.append(a)
+    return tuple(out)
+
+
+def replay(tokens=(1, 17, 64)) -> dict:
+    """Each launcher wrapped in ``Replaying``: after a recorded call, a call with the same launch
+    key on new tensors skips the launcher and launches what the launcher itself launches on
+    them; a launcher's Python never runs on a replayed call."""
+    from dsv41.backends.triton import replay as R
+    from dsv41.backends.triton.sheet import TRITON_KERNELS
+    from dsv41.core import platform as P
+    from dsv41.tools import bench as B
+
+    plat = P.probe()
+    failures, checks, replayed = [], 0, 0
+    for t in tokens:
+        for v in B.VARIANTS:
+            if v.op not in TRITON_KERNELS:
+                continue
+            case = v.build(B._Gen("cpu", t), t, plat)
+            modname, fn = TRITON_KERNELS[v.op].split(":")
+            launcher = getattr(importlib.import_module(modname), fn)
+            ran = []
+            wrapped = R.Replaying(lambda *a, f=launcher: (ran.append(1), f(*a))[1])
+            for _ in range(R._TRIES):  # a first call may build a table the backend keeps
+                wrapped(*case.args)
+            checks += 1
+            for shift in (0, 1):
+                args = _fresh(case.args, shift)
+                direct = _launched(lambda: launcher(*args))
+                del ran[:]
+                again = _launched(lambda: wrapped(*args))
+                if shift == 0 and ran:
+                    failures.append(f"{v.name} at {t} tokens: not replayed")
+                    continue
+                if not ran:
+                    replayed += 1
+                for p in _same_launches(direct, again, args):
+                    failures.append(f"{v.name} at {t} tokens (shift {shift}): {p}")
+    failures += _replay_rules()
+    return {"checks": checks, "hits": replayed, "failures": failures}
+
+
+def _replay_rules() -> list:
+    """On a probe launcher: what may and may not be replayed, and what a key holds."""
+    from dsv41.backends.triton import bound, conversions, tuning
+    from dsv41.backends.triton import replay as R
+
+    probe = bound.bind(_probe)
+    failures = []
+    ran = []
+
+    def plain(x, y, n, flag):
+        ran.append(1)
+        probe((1,), x, y, n, 1, 2.0, flag, BLOCK=32, SHIFT=tuning.OVERRIDES.get("shift", 0))
+
+    def allocates(x, y, n, flag):
+        ran.append(1)
+        y.zero_()
+        probe((1,), x, y, n, 1, 2.0, flag, BLOCK=32)
+
+    def address(x, y, n, flag):
+        ran.append(1)
+        probe((1,), x, y, n, x.data_ptr(), 2.0, flag, BLOCK=32)
+
+    def view(x, y, n, flag):
+        ran.append(1)
+        probe((1,), x.view(torch.float32), y, n, 1, 2.0, flag, BLOCK=32)
+
+    x = torch.arange(64, dtype=torch.int32)
+    y = torch.zeros(80)
+
+    def runs(wrapped, *args) -> bool:
+        del ran[:]
+        wrapped(*args)
+        return bool(ran)
+
+    w = R.Replaying(plain)
+    runs(w, x, y, 16, True)
+    if runs(w, x.clone(), y.clone(), 16, True):
+        failures.append("a plain launcher was not replayed")
+    if not runs(w, x.clone(), y.clone(), 17, True):
+        failures.append("another integer argument replayed the old record")
+    if not runs(w, x[1:], y, 16, True):
+        failures.append("another alignment replayed the old record")
+    if not runs(w, x.reshape(8, 8), y, 16, True):
+        failures.append("another shape replayed the old record")
+    if not runs(w, x, y.double(), 16, True):
+        failures.append("another dtype replayed the old record")
+    tuning.OVERRIDES["shift"] = 8
+    try:
+        if not runs(w, x, y, 16, True):
+            failures.append("a changed tuning override replayed the old record")
+    finally:
+        del tuning.OVERRIDES["shift"]
+    with conversions.forced("integer"):
+        if not runs(w, x, y, 16, True):
+            failures.append("a forced conversion path replayed the old record")
+    for name, fn, x_ in (("allocates", allocates, x), ("passes an address", address, x),
+                         ("launches a view", view, x)):
+        w = R.Replaying(fn)
+        for _ in range(R._TRIES + 1):
+            runs(w, x_.clone(), y.clone(), 16, True)
+        again = runs(w, x_.clone(), y.clone(), 16, True)
+        if name == "launches a view" and again:
+            failures.append("a launcher that launches a dtype view of an argument was not replayed")
+        if name != "launches a view" and not again:
+            failures.append(f"a launcher that {name} was replayed")
+    os.environ["DSV41_TRITON_SLOW_LAUNCH"] = "1"
+    bound._ENABLED = None
+    try:
+        w = R.Replaying(plain)
+        runs(w, x, y, 16, True)
+        if not runs(w, x, y, 16, True):
+            failures.append("DSV41_TRITON_SLOW_LAUNCH=1 replayed")
+    finally:
+        del os.environ["DSV41_TRITON_SLOW_LAUNCH"]
+        bound._ENABLED = None
+    return failures
+
+
 def time_launchers(tokens: int = 1) -> None:
     import timeit
 
@@ -287,6 +445,8 @@ def main(argv) -> int:
         return 0
     if what == "unit":
         res = unit()
+    elif what == "replay":
+        res = replay(tuple(int(t) for t in argv[1:]) or (1, 17, 64))
     else:
         res = ops(tuple(int(t) for t in argv[1:]) or (1, 17, 64))
     res["triton"] = triton.__version__

@@ -52,6 +52,19 @@ def test_bound_launch_matches_triton_for_every_launcher():
     assert res["checks"] >= 60
 
 
+@pytest.mark.skipif(not _tested_triton(), reason=f"Triton {triton.__version__}: bound launches are off")
+def test_replayed_launches_match_the_launchers():
+    """``backends/triton/replay.py``: for every shared Triton launcher on the bench's inputs at
+    1, 17 and 64 tokens, a call with a recorded launch key on new tensors launches what the
+    launcher launches on them, without running it; on a probe launcher, another integer,
+    alignment, shape, dtype, tuning override or forced conversion path is another key, and a
+    launcher that runs a PyTorch operation or passes an address as an integer is never
+    replayed (one that launches a dtype view of an argument is)."""
+    res = _run("replay", "1", "17", "64")
+    assert res["failures"] == []
+    assert res["checks"] >= 60 and res["hits"] == res["checks"]
+
+
 def test_untested_triton_takes_triton_path(monkeypatch):
     monkeypatch.setattr(bound, "TESTED_TRITON", ())
     monkeypatch.setattr(bound, "_ENABLED", None)

@@ -185,8 +185,9 @@ def test_public_calls_capture_on_both_paths(eager, monkeypatch):
 @pytest.mark.parametrize("case", GRAPH_CASES, ids=[c.id for c in GRAPH_CASES])
 @pytest.mark.parametrize("impl", CUDA_IMPLS or [None], ids=[i.name for i in CUDA_IMPLS] or ["none"])
 def test_bound_launch_writes_what_triton_launch_writes(case, impl, monkeypatch):
-    """Each Triton kernel launched through Triton's own path and through the bound launcher
-    (backends/triton/bound.py), each on fresh copies of the same inputs: the same bytes."""
+    """Each Triton kernel launched through Triton's own path, through the bound launcher
+    (backends/triton/bound.py) and replayed (backends/triton/replay.py: the first bound call
+    records, the next ones replay), each on fresh copies of the same inputs: the same bytes."""
     from dsv41.backends.triton import bound
 
     if impl is None:
@@ -199,7 +200,7 @@ def test_bound_launch_writes_what_triton_launch_writes(case, impl, monkeypatch):
     kern = impl.kernel(case.op)
     host = case.build("cpu")
     written = []
-    for fast in (False, True, True):  # the second bound call finds the kernel it kept
+    for fast in (False, True, True, True):  # then the kept kernel, then replays
         monkeypatch.setattr(bound, "_ENABLED", fast)
         dev = _on("cuda", clone_args(host))
         kern(*dev)

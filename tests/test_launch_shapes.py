@@ -98,11 +98,14 @@ def test_pdl_only_on_cuda_and_switchable(monkeypatch):
     assert launch.pdl_kwargs(False) == {}
     assert launch.pdl_kwargs(True) == {"launch_pdl": True}
     monkeypatch.setenv("DSV41_PDL", "0")
+    launch._pdl_capable.cache_clear()  # read once per device
     assert launch.pdl(torch.device("cuda", 0)) is False
     if torch.cuda.is_available() and torch.version.hip is None:
         monkeypatch.setenv("DSV41_PDL", "1")
         launch._pdl_capable.cache_clear()
         assert launch.pdl(torch.device("cuda", 0)) == (torch.cuda.get_device_capability(0)[0] >= 9)
+    monkeypatch.undo()
+    launch._pdl_capable.cache_clear()
 
 
 def test_pdl_only_for_decode_launches_and_native_kernels(monkeypatch):

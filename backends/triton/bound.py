@@ -37,8 +37,10 @@ workload with ever-new token counts keeps a bounded cache and pays Triton's path
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
+import threading
 from operator import attrgetter
 
 import torch
@@ -46,7 +48,7 @@ import triton
 
 from dsv41.core.accepted_layouts import tuple_getter
 
-__all__ = ["bind", "BoundKernel", "TESTED_TRITON", "enabled"]
+__all__ = ["bind", "BoundKernel", "TESTED_TRITON", "enabled", "direct_state", "recording"]
 
 # Triton releases (major.minor) whose run/launcher interface ``tests/test_bound_launch.py`` has
 # checked this module against; others take Triton's own path.
@@ -130,6 +132,56 @@ def _driver() -> _Driver:
     return _DRIVER
 
 
+def direct_state():
+    """``(driver, current device, compile settings)`` while launches may take the direct path
+    (tested Triton, an NVIDIA driver, no launch hooks), else None: what a launch key holds
+    besides the call's own arguments (``replay`` keys its records with it)."""
+    if not _ENABLED and not enabled():
+        return None
+    drv = _DRIVER or _driver()
+    try:
+        d = drv.driver.active
+    except RuntimeError:  # no usable driver (a CPU-only host): nothing launches directly
+        return None
+    if d is not drv.last:
+        drv.refresh(d)
+    if not drv.nvidia:
+        return None
+    rt = drv.runtime
+    enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
+    # _quiet, inlined (this runs on every replayed call)
+    if (enter is not None and (type(enter) is not _HookChain or enter.calls)) or \
+            (leave is not None and (type(leave) is not _HookChain or leave.calls)):
+        return None
+    return d, d.get_current_device(), drv.state()
+
+
+class _Recording(threading.local):
+    seen = None  # a list while ``recording`` is in force in this thread
+
+
+_RECORDING = _Recording()
+
+
+@contextlib.contextmanager
+def recording(seen: list):
+    """Within this block (this thread) every launch is also noted in ``seen``: a direct one as
+    ``(launcher, function, metadata, grid, args, tail, kernel)``, one through Triton's own
+    path as None."""
+    before = _RECORDING.seen
+    _RECORDING.seen = seen
+    try:
+        yield seen
+    finally:
+        _RECORDING.seen = before
+
+
+def _triton_path(kernel, grid, args, kwargs):
+    if _RECORDING.seen is not None:
+        _RECORDING.seen.append(None)
+    return kernel[grid](*args, **kwargs)
+
+
 class BoundKernel:
     """``launcher(grid, *args, **kw)``: launch ``kernel`` on ``grid`` (a tuple of 1-3 ints, as every
     launcher passes) like ``kernel[grid](*args, **kw)``, through the kernel Triton chose for the
@@ -149,14 +201,14 @@ class BoundKernel:
     def __call__(self, grid, *args, **kwargs):
         kernel = self.kernel
         if not _ENABLED and not enabled():
-            return kernel[grid](*args, **kwargs)
+            return _triton_path(kernel, grid, args, kwargs)
         drv = _DRIVER or _driver()
         d = drv.driver.active
         if d is not drv.last:
             drv.refresh(d)
         rt = drv.runtime
         if not drv.nvidia or kernel.pre_run_hooks or not (_quiet(rt.launch_enter_hook) and _quiet(rt.launch_exit_hook)):
-            return kernel[grid](*args, **kwargs)
+            return _triton_path(kernel, grid, args, kwargs)
         types = tuple(map(type, args))
         plan = self._plans.get(types)
         if plan is None:
@@ -174,6 +226,8 @@ class BoundKernel:
         n = len(grid)
         launcher(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1,
                  d.get_current_stream(device), function, metadata, None, None, None, *args, *tail)
+        if _RECORDING.seen is not None:
+            _RECORDING.seen.append((launcher, function, metadata, grid, args, tail, kernel))
 
     def _plan(self, types: tuple):
         tensors = [i for i, t in enumerate(types) if issubclass(t, _Tensor)]
@@ -211,5 +265,5 @@ def bind(kernel):
     """A ``launcher(grid, *args, **kw)`` for ``kernel``: a ``BoundKernel`` for a compiled Triton
     kernel, a plain forwarder for the interpreter's functions."""
     if not hasattr(kernel, "pre_run_hooks") or type(kernel).__name__ == "InterpretedFunction":
-        return lambda grid, *args, **kwargs: kernel[grid](*args, **kwargs)
+        return lambda grid, *args, **kwargs: _triton_path(kernel, grid, args, kwargs)
     return BoundKernel(kernel)

@@ -100,7 +100,7 @@ __all__ = [
 # Tunables (launch shapes never change the bytes written).
 # --------------------------------------------------------------------------------------
 
-CONFIG = {
+CONFIG = tuning.Settings({
     # None: paired PTX converts (cvt ...x2.f32 by inline asm) wherever the native casts run
     # on an NVIDIA GPU (conversions.ptx); False: off.  The conversion path itself is not a
     # setting here: conversions.integer_path decides it per launch.
@@ -143,7 +143,7 @@ CONFIG = {
     # upper bound on gather programs (grid = requests x workers)
     "gather_programs": 2048,
     # measured per-variant shapes: tuning.TABLE ("<kernel>:<variant>" keys)
-}
+})
 
 _MEASURED_SHAPES: dict = {}  # (kernel, variant, size class) -> (BLOCK_T, num_warps) or None
 

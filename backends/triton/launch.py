@@ -54,10 +54,9 @@ def pdl(device) -> bool:
     Triton with grid-dependency control (``launch_pdl``, ``tl.extra.cuda.gdc_*``).  A kernel
     launched that way may be scheduled while the kernel before it in the stream finishes; it
     calls ``gdc_wait()`` before touching memory, so it still sees everything that kernel
-    wrote, and only the launch latency overlaps.  ``DSV41_PDL=0`` turns it off."""
+    wrote, and only the launch latency overlaps.  ``DSV41_PDL=0`` turns it off (read once per
+    device, like the device's capability)."""
     if device.type != "cuda" or conversions._ROCM_TORCH or not conversions.pdl_allowed():
-        return False
-    if os.environ.get("DSV41_PDL", "1") == "0":
         return False
     index = device.index
     return _pdl_capable(index if index is not None else torch.cuda.current_device())
@@ -65,6 +64,8 @@ def pdl(device) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _pdl_capable(index: int) -> bool:
+    if os.environ.get("DSV41_PDL", "1") == "0":
+        return False
     try:
         from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
     except ImportError:

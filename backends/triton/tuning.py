@@ -18,9 +18,65 @@ from __future__ import annotations
 
 import dataclasses
 
-from . import launch
+from . import conversions, launch
 
-__all__ = ["Measured", "TABLE", "OVERRIDES", "shape", "remembered"]
+__all__ = ["Measured", "TABLE", "OVERRIDES", "Settings", "settings", "shape", "remembered"]
+
+_GENERATION = [0]  # changes of every ``Settings`` dict so far
+
+
+class Settings(dict):
+    """A dict of launch settings (``OVERRIDES``, ``cache_kernels.CONFIG``) that counts its
+    changes, nested dicts included (they become ``Settings`` when stored): ``settings()`` reads
+    the count, so whatever a launcher derived from the old contents is known to be stale."""
+
+    __slots__ = ()
+
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+        self.update(*args, **kwargs)
+
+    def __setitem__(self, key, value):
+        dict.__setitem__(self, key, Settings(value) if type(value) is dict else value)
+        _GENERATION[0] += 1
+
+    def __delitem__(self, key):
+        dict.__delitem__(self, key)
+        _GENERATION[0] += 1
+
+    def update(self, *args, **kwargs):
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def __ior__(self, other):
+        self.update(other)
+        return self
+
+    def setdefault(self, key, default=None):
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def pop(self, *args):
+        out = dict.pop(self, *args)
+        _GENERATION[0] += 1
+        return out
+
+    def popitem(self):
+        out = dict.popitem(self)
+        _GENERATION[0] += 1
+        return out
+
+    def clear(self):
+        dict.clear(self)
+        _GENERATION[0] += 1
+
+
+def settings() -> tuple:
+    """The process state a launcher reads besides its arguments: the count of settings changes,
+    the conversion path forced in this context (``conversions.forced``) and where decode
+    launches end (``launch.DECODE_T``, which tests move)."""
+    return _GENERATION[0], conversions._FORCED.get(), launch.DECODE_T
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +92,7 @@ def _m(source: str, **shape) -> Measured:
 _S2, _S3, _S5 = "h200-sweep-2.txt", "h200-sweep-3.txt", "h200-sweep-5.jsonl"
 _S11 = "h100-sweep-11-index-builders.jsonl"
 _S12 = "h100-sweep-12-index-builders.jsonl"
+_S13 = "h100-sweep-13-norms.jsonl"
 
 TABLE: dict = {
     # cache kernels (BLOCK_T tokens per program, num_warps)
@@ -55,7 +112,10 @@ TABLE: dict = {
     # CR 2 beyond decode sizes: pair programs (two tokens, BLOCK_T 1) of one warp (0.88 of
     # copy; 2 / 4 warps 0.83 / 0.84)
     "norm2:None": _m("h200-sweep-6-call2.jsonl", BLOCK_T=1, num_warps=1),
-    "norm2:None:decode": _m(_S2, BLOCK_T=1, num_warps=8),
+    # decode sizes: one token per program, 4 warps (H100 sweep, CUDA-graph replay at 64 tokens:
+    # 2.47 us; 8 warps 3.65, 1 / 2 warps 2.93 / 2.94; sm_90 SASS 466 instructions against 1039
+    # with 8 warps, whose layout repeats the vLLM-order sum of squares in every thread)
+    "norm2:None:decode": _m(_S13, BLOCK_T=1, num_warps=4),
     # RoPE / quantization kernels
     "fused_inv_rope_fp8_quant": _m("the GPU suite's tuning sweep (test_gpu_tuning_sweep); no file kept",
                                    BLOCK_T=2, BLOCK_H=8, num_warps=4),
@@ -71,7 +131,9 @@ TABLE: dict = {
     # one warp per row: its reductions stay in warp shuffles (0.77 of copy at 65536 rows, 0.54
     # with 2 rows x 2 warps)
     "fused_q_kv_rmsnorm_quant": _m(_S2, BLOCK_T=1, num_warps=1),
-    "fused_q_kv_rmsnorm_quant:decode": _m(_S2, BLOCK_T=1, num_warps=8),
+    # decode sizes: 2 warps per row (H100 sweep, CUDA-graph replay at 64 tokens: 2.32 us; 8 warps
+    # 2.79, 1 / 4 warps 2.74 / 3.02)
+    "fused_q_kv_rmsnorm_quant:decode": _m(_S13, BLOCK_T=1, num_warps=2),
     # the MXFP4 split path: 2.13 us at 64 tokens (8 warps: 2.25); at 65536 the heuristic shape
     # (1 x 64 heads, 4 warps) is the best, 0.77
     "fused_indexer_q_rope_quant:mxfp4:decode": _m(_S3, BLOCK_T=1, BLOCK_H=16, num_warps=4),
@@ -83,7 +145,7 @@ TABLE: dict = {
     "build_flashinfer_mixed_sparse_indices": _m(_S12, BLOCK_R=2, BLOCK_C=512, BLOCK_W=64, num_warps=4),
 }
 
-OVERRIDES: dict = {}
+OVERRIDES: dict = Settings()
 
 
 def shape(key: str, tokens: int | None, override: str | None = None) -> dict | None:

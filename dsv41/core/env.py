@@ -27,6 +27,7 @@ VARIABLES = {
     "DSV41_CACHE_DIR": "where the CPU kernels are built (default ~/.cache/dsv41)",
     "DSV41_CPU_MARCH": "-march of the CPU build (default native; none: portable)",
     "DSV41_CUTEDSL_SLOW_LAUNCH": "1: launch CuTe DSL kernels through the DSL's own argument marshalling",
+    "DSV41_REPLAY": "0: no replayed launches (every eager Triton call runs its launcher)",
     "DSV41_TRITON_SLOW_LAUNCH": "1: launch Triton kernels through Triton's own JITFunction.run (no bound launcher)",
     "DSV41_VLLM_OPS": "vLLM plugin: which vLLM op names to route to dsv41 (all, none, or a comma list)",
     # test and benchmark harness

@@ -70,6 +70,7 @@ GRAPH_CALLS = 16  # kernel calls captured per CUDA graph
 FLUSH_SLEEP_CYCLES = 400_000
 WARMUP_CALLS, WARMUP_S = 3, 0.1  # warm-up: at least this many calls and this long
 HOST_WARMUP_CALLS = 20  # untimed calls before a host-time measurement
+HOST_BLOCKS = 5  # timed blocks of back-to-back calls per host-time measurement (the median)
 SPIN_UP_S, SPIN_S = 3.0, 0.2  # accelerator load before the run / before each size (_Timer.spin)
 MAX_POS = 65536  # rows of the cos/sin caches (positions wrap below it)
 
@@ -588,18 +589,21 @@ class _Timer:
         path's own cost, argument handling included.  Launches are asynchronous and these
         kernels are short, so the host never waits for the device here.  A few untimed calls
         first, so one-time costs (first-use lookups, allocator growth) are not spread over the
-        timed ones."""
+        timed ones.  The median of ``HOST_BLOCKS`` such blocks: one block that meets a garbage
+        collection or another process's burst on the host says nothing about the call."""
         for _ in range(HOST_WARMUP_CALLS):
             fn()
         self.sync()
-        if self.device.type == "cuda":
-            torch.cuda._sleep(FLUSH_SLEEP_CYCLES * 5)
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sec = (time.perf_counter() - t0) / calls
-        self.sync()
-        return sec
+        blocks = []
+        for _ in range(HOST_BLOCKS):
+            if self.device.type == "cuda":
+                torch.cuda._sleep(FLUSH_SLEEP_CYCLES * 5)
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            blocks.append((time.perf_counter() - t0) / calls)
+            self.sync()
+        return statistics.median(blocks)
 
     def graph(self, fn: Callable[[], None]) -> float:
         """Median seconds per call when GRAPH_CALLS calls are replayed from one CUDA graph."""

@@ -234,14 +234,20 @@ class Timer:
         return statistics.median(times)
 
     def host_us(self, call) -> float:
-        """Wall µs per eager call over back-to-back calls (the host's launch path)."""
-        call()
-        self.sync()
-        t0 = time.perf_counter()
-        for _ in range(self.host_calls):
+        """Wall µs per eager call over back-to-back calls (the host's launch path): the median
+        of five blocks of ``host_calls`` calls, after a few untimed ones (a block that meets a
+        garbage collection or a one-time cost says nothing about the call)."""
+        for _ in range(3):
             call()
         self.sync()
-        return (time.perf_counter() - t0) / self.host_calls * 1e6
+        blocks = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(self.host_calls):
+                call()
+            blocks.append((time.perf_counter() - t0) / self.host_calls * 1e6)
+            self.sync()
+        return statistics.median(blocks)
 
 
 # ----------------------------------------------------------------------------- run

@@ -1,0 +1,224 @@
+"""Eager calls that go straight to the compiled kernel: a launcher's launches, replayed.
+
+A Triton launcher (``backends/triton/*_kernels.py``) turns kernel arguments into one or more
+launches: it reads shapes, strides, dtypes and a few address bits, picks a launch shape,
+and calls a ``bound.BoundKernel``, which picks the compiled kernel.  All of that is a function
+of the call's *launch key*: the kernel arguments' types, each tensor's metadata (dtype, shape,
+strides, device, as ``torch.compile``'s tensor guards compare them) and address mod 16, every
+non-tensor argument's value, the current device, Triton's per-call compile settings and the
+backend's launch settings (``tuning.settings``).  Only the tensors' addresses change between
+two calls with one key.
+
+``Replaying(launcher)`` records, for a key, what the launcher did: each launch's compiled
+launcher, grid, and positional arguments, every tensor among them matched to the kernel
+argument at the same address.  A later call with the same key passes the compiled launchers
+the new addresses and the recorded rest, skipping the launcher's Python and Triton's binding.
+
+A call is recorded only when the replay provably does what the launcher does:
+
+* every launch went through ``BoundKernel``'s direct path (not Triton's own ``run``);
+* the launcher ran no PyTorch operation other than views (an allocation, a fill, a copy or a
+  read of a tensor's values is work a replay would skip) -- a ``TorchDispatchMode`` watches;
+* every launched tensor is a kernel argument at the same address (a view of one, e.g. a dtype
+  view, counts as that argument) matched by exactly one kernel argument, or a tensor that
+  existed before the call (a table the backend keeps; the record holds it);
+* no launched integer equals a kernel tensor's address (a launcher that passed an address as
+  an integer would have it frozen).
+
+Launched pointers are passed as integers (Triton's launchers take them so; they then skip the
+driver's pointer-attribute query, which the argument checks made redundant).  Keys that cannot
+be recorded after ``_TRIES`` calls run the launcher from then on.  ``DSV41_REPLAY=0`` turns
+replay off (read once).  ``tests/test_replay.py`` checks replayed launches against the
+launcher's own on the CPU with a driver that compiles for sm_90 and records instead of
+launching; the GPU suite runs both on the device.
+"""
+
+from __future__ import annotations
+
+import os
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from dsv41.core.accepted_layouts import tuple_getter
+
+from . import bound, tuning
+
+__all__ = ["Replaying", "enabled"]
+
+_Tensor = torch.Tensor
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_ADDRESS = torch.Tensor.data_ptr
+_LOW4 = (15).__and__
+# records kept per pattern of argument types (the oldest dropped beyond) and per key
+_KEYS = 256
+_PER_KEY = 4
+# calls of one key that may fail to record before the key runs the launcher for good (a first
+# call may build a table the backend then keeps)
+_TRIES = 3
+
+_ENABLED: bool | None = None
+
+
+def enabled() -> bool:
+    """Whether replay is on in this process (``DSV41_REPLAY`` unset or not 0); read once."""
+    global _ENABLED
+    if _ENABLED is None:
+        _ENABLED = os.environ.get("DSV41_REPLAY", "1").strip() != "0"
+    return _ENABLED
+
+
+def _guard(tensors):
+    from dsv41.core import accepted_layouts
+
+    return accepted_layouts._guard(tensors)
+
+
+class _Watch(TorchDispatchMode):
+    """Notes every PyTorch operation but views run while a call is recorded."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view:
+            self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+class _Launch:
+    """One recorded launch: the compiled launcher and its arguments, addresses left open."""
+
+    __slots__ = ("launcher", "function", "metadata", "grid", "pick", "consts", "kernel")
+
+    def __init__(self, launcher, function, metadata, grid, pick, consts, kernel):
+        self.launcher, self.function, self.metadata = launcher, function, metadata
+        self.grid, self.pick, self.consts, self.kernel = grid, pick, consts, kernel
+
+
+class _Record:
+    __slots__ = ("low", "guard", "launches")
+
+    def __init__(self, low, guard, launches):
+        self.low, self.guard, self.launches = low, guard, launches
+
+
+def _launches(seen, tensors, ptrs):
+    """The ``_Launch``es of a recorded call, or None when it cannot be replayed."""
+    n = len(ptrs)
+    where = {}
+    for i, p in enumerate(ptrs):
+        where.setdefault(p, []).append(i)
+    out = []
+    for item in seen:
+        if item is None:  # a launch through Triton's own path
+            return None
+        launcher, function, metadata, grid, args, tail, kernel = item
+        pick, consts = [], []
+        for a in (*args, *tail):
+            if isinstance(a, _Tensor):
+                hits = where.get(a.data_ptr())
+                if hits is None:
+                    # not an argument: a tensor that existed before the call (nothing was
+                    # allocated, the watch says), kept alive by the record
+                    pick.append(n + len(consts))
+                    consts.append(a)
+                    continue
+                if len(hits) != 1:
+                    return None
+                pick.append(hits[0])
+            else:
+                if type(a) is int and a != 0 and a in where:
+                    return None
+                pick.append(n + len(consts))
+                consts.append(a)
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        out.append(_Launch(launcher, function, metadata, grid, tuple_getter(pick), tuple(consts), kernel))
+    return out
+
+
+class Replaying:
+    """``Replaying(launcher)(*kernel_args)``: the launcher's effect, replayed where recorded."""
+
+    __slots__ = ("fn", "_by_types", "__wrapped__")
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.__wrapped__ = fn
+        # argument types -> (tensors getter, others getter, {key: records or tries}) or None
+        self._by_types: dict = {}
+
+    def __repr__(self) -> str:
+        return f"Replaying({getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__name__', '?')})"
+
+    def __call__(self, *args):
+        if not (_ENABLED or enabled()):
+            return self.fn(*args)
+        state = bound.direct_state()
+        if state is None:
+            return self.fn(*args)
+        types = tuple(map(type, args))
+        entry = self._by_types.get(types, False)
+        if entry is False:
+            entry = self._split(types)
+        if entry is None:
+            return self.fn(*args)
+        tensors_of, others_of, table = entry
+        tensors = tensors_of(args)
+        try:
+            key = (others_of(args), *state, *tuning.settings())
+            records = table.get(key)
+        except TypeError:  # an unhashable argument
+            return self.fn(*args)
+        ptrs = tuple(map(_ADDRESS, tensors))
+        if type(records) is list:
+            low = tuple(map(_LOW4, ptrs))
+            for r in records:
+                if r.low == low and r.guard(*tensors):
+                    for la in r.launches:
+                        if la.kernel.pre_run_hooks:  # installed since (a profiler): Triton's path
+                            return self.fn(*args)
+                    stream = state[0].get_current_stream(state[1])
+                    for la in r.launches:
+                        g = la.grid
+                        la.launcher(g[0], g[1], g[2], stream, la.function, la.metadata, None, None, None,
+                                    *la.pick(ptrs + la.consts))
+                    return None
+        elif records is not None and records >= _TRIES:
+            return self.fn(*args)
+        return self._record(args, tensors, ptrs, table, key, records)
+
+    def _split(self, types: tuple):
+        tensors, others = [], []
+        for i, t in enumerate(types):
+            if t in _PLAIN_TENSORS:
+                tensors.append(i)
+            elif issubclass(t, _Tensor) or t in (tuple, list):
+                self._by_types[types] = None
+                return None
+            else:
+                others.append(i)
+        if len(self._by_types) >= 64:
+            self._by_types.clear()
+        entry = self._by_types[types] = (tuple_getter(tensors), tuple_getter(others), {})
+        return entry
+
+    def _record(self, args, tensors, ptrs, table, key, records):
+        seen: list = []
+        watch = _Watch()
+        with bound.recording(seen), watch:
+            result = self.fn(*args)
+        launches = None
+        if result is None and not watch.ops:
+            launches = _launches(seen, tensors, ptrs)
+        if len(table) >= _KEYS and key not in table:
+            for old in list(table)[: _KEYS // 2]:
+                table.pop(old, None)
+        if launches is None:
+            tries = (records if type(records) is int else 0) + 1
+            table[key] = tries
+        else:
+            rec = _Record(tuple(map(_LOW4, ptrs)), _guard(tensors), launches)
+            kept = records if type(records) is list else []
+            table[key] = [rec, *kept][:_PER_KEY]
+        return result
