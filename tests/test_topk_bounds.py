@@ -270,3 +270,19 @@ def test_global_topk_opcheck_compact(compact):
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
     op(*args)
     assert (args[5].tolist(), args[6].tolist()) == HAND_WANT[compact]
+
+
+@impl_param
+@pytest.mark.parametrize("compact", [False, True], ids=["holes", "compact"])
+def test_global_topk_bounds_negative_entries_under_a_huge_page(impl, compact):
+    """B = 2^24 and a table 300 blocks wide: a negative entry read as uint32 lands on block 128
+    or more (-1 on block 255), inside the table's width, so a kernel that tests the block
+    unsigned must also bound the width by 2^31 // B = 128 (no non-negative int32 entry reaches
+    block 128)."""
+    B, W = 2**24, 300
+    g = torch.Generator().manual_seed(11)
+    pos = torch.randint(0, INT32_MAX, (3, 40), generator=g, dtype=I32)
+    neg = torch.tensor([-1, INT32_MIN, -(2**24), -(2**24) - 1, -(2**30), -5], dtype=I32)
+    idx = torch.where(torch.rand(3, 40, generator=g) < 0.5, neg[torch.randint(0, 6, (3, 40), generator=g)], pos)
+    table = _table_view(torch.randint(0, 100, (2, W), generator=g, dtype=I32).tolist(), W, W + 2)
+    _check(impl, idx, torch.tensor([0, 1, 1], dtype=I32), table, B, torch.ones(3, dtype=torch.bool), compact)

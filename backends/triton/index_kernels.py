@@ -151,7 +151,8 @@ def _remap(v, bs, span):
 # Row widths (K_in / W_out / K_dec / K_pre below) are specialized: Triton
 # then knows a width that is a multiple of 16 (every model's) and loads and stores whole rows
 # in 16-byte vectors (sm_90 SASS, specialized against not: the top-k step 86 against 104
-# instructions per warp and 512 columns, the combine kernel 894 against 1061 with its stores
+# instructions per warp and 512 columns before its unsigned block test, which took the whole
+# kernel at 2048-column rows from 376 to 272; the combine kernel 894 against 1061 with its stores
 # vectorized, the FlashInfer kernel's memory instructions 209 against 309).  Row counts and table sizes, which change from call to call,
 # are not (one build serves them all).  The widths the kernels loop over (top-k K, the
 # FlashInfer kernel's W_swa / PT) are constexprs, as in vLLM's kernels (a model has one or
@@ -190,14 +191,24 @@ def _global_topk_kernel(
     # launcher checked): the per-element address arithmetic stays 32-bit
     in_row = _offs(rows, OFF32) * s_tk0
     out_row = _offs(rows, OFF32) * s_out0
+    row_ok = (req >= 0) & (req < n_tab_rows)
+    req_off = _offs(tl.where(row_ok, req, 0), OFF32) * s_tab0
+    n_cols_u = n_tab_cols.to(tl.uint32)
     for k0 in range(0, K, BLOCK_C):
         cols = k0 + tl.arange(0, BLOCK_C)
         m = rmask[:, None] & (cols < K)[None, :]
         cols_o = _offs(cols, OFF32)[None, :]
         x = tl.load(topk_ptr + in_row[:, None] + cols_o * s_tk1, mask=m, other=-1)
-        # valid: x >= 0 and the table entry exists (request row, logical block < width)
-        out, ok = _table_lookup(table_ptr, n_tab_rows, n_tab_cols, s_tab0, s_tab1,
-                                req[:, None], x, x >= 0, B, OFF32)
+        # valid: x >= 0 and the table entry exists (request row, logical block < width).  One
+        # unsigned compare for both conditions on the entry: a negative x is 2^31 or more as
+        # uint32, so its block is at least 2^31 // B, which the launcher's width never exceeds
+        # (``_topk_width``); the request row's test is the row's (``row_ok``)
+        p = x.to(tl.uint32)
+        blk = p // B
+        ok = (blk < n_cols_u) & row_ok[:, None]
+        off = req_off[:, None] + _offs(blk.to(tl.int32), OFF32) * s_tab1
+        block_id = tl.load(table_ptr + off, mask=ok, other=0)
+        out = tl.where(ok, block_id * B + (p % B).to(tl.int32), -1)
         hits = ok.to(tl.int32)
         if COMPACT:
             # a valid entry's column in the output: the row's valid entries in earlier steps
@@ -236,6 +247,7 @@ def compute_global_topk_indices_and_lens(
         return None
     s_in, s_out = topk_indices.stride(), global_topk_indices.stride()
     tab = _table_strides(block_table)
+    tab = (tab[0], _topk_width(tab[1], block_size), *tab[2:])
     pdl = launch.decode_pdl(topk_indices.device, N)
     grid, kw = tuning.remembered(("topk", N, K, s_in, s_out, tab, bool(compact), pdl, launch.DECODE_T),
                                  _topk_plan, N, K, s_in, s_out, tab, bool(compact), pdl)
@@ -250,6 +262,14 @@ def compute_global_topk_indices_and_lens(
         N, K, block_size, **kw,
     )
     return None
+
+
+def _topk_width(cols: int, block_size: int) -> int:
+    """The table width the top-k kernel compares blocks with: ``cols``, or ``2^31 // B`` where
+    that is smaller -- every block of a non-negative int32 index is below it, every block of a
+    negative one (read as uint32) at or above it, and no block at or above it exists for an
+    index of either sign."""
+    return min(cols, 2**31 // block_size)
 
 
 def _topk_plan(N, K, s_in, s_out, tab, compact, pdl):
