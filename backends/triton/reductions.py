@@ -45,9 +45,12 @@ def _rcumsum(x, axis: tl.constexpr):
 @triton.jit
 def _fold_halves(u, BT: tl.constexpr, H: tl.constexpr):
     """``[BT, 2H] -> [BT, H]``: lane j plus lane j + H (one step of a warp's xor butterfly; fp
-    addition commutes, so every lane of the pair holds this value)."""
-    a, b = tl.split(tl.permute(tl.reshape(u, (BT, 2, H)), (0, 2, 1)))
-    return a + b
+    addition commutes, so every lane of the pair holds this value).  A reduction over an axis
+    of two, so the order cannot matter and the compiler keeps whatever layout it has: a warp
+    shuffle where the pair sits in two lanes (sm_90 SASS of the Q/KV norm at one warp: 2992
+    instructions, 73 SHFL.BFLY, no shared memory; splitting a permuted tile instead took 4096
+    with 320 LDS.128 and 1275 FADD, every thread repeating the whole butterfly)."""
+    return _rsum(tl.reshape(u, (BT, 2, H)), 1)
 
 
 @triton.jit
