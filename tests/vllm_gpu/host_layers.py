@@ -5,6 +5,7 @@ empty Triton kernel's launch (Triton's path and its compiled launcher) and a ``t
 scale.  Wall time of back-to-back calls, the median of five blocks of 200.
 
     python -P tests/vllm_gpu/host_layers.py > host_layers.txt
+    python -P tests/vllm_gpu/host_layers.py --profile "global topk indices"   # + cProfile of one op
 
 Not a pytest module (tests/run.sh never runs it); docs/performance.md quotes its output.
 """
@@ -56,7 +57,25 @@ def _record_of(kern):
     return None
 
 
-def main() -> int:
+def _profile(call, n: int = 2000) -> str:
+    """cProfile of ``n`` public calls, the 25 entries of most own time."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        call()
+    torch.cuda.synchronize()
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(25)
+    return out.getvalue()
+
+
+def main(argv) -> int:
+    profile = argv[argv.index("--profile") + 1] if "--profile" in argv else None
     dev = torch.device("cuda")
     x = torch.zeros(16, device=dev)
     comp = _empty.run(x, x, x, x, 1, grid=(1,), warmup=True)
@@ -99,8 +118,10 @@ def main() -> int:
             bare = per_call(raw)
         print(f"{case[0]:30s} public {per_call(public):6.1f}  kernel {per_call(lambda: kern(*kargs)):6.1f}  "
               f"bare launches {bare:6.1f}  ({type(kern).__name__}, {len(rec.launches) if rec else '-'} launch)", flush=True)
+        if case[0] == profile:
+            print(_profile(public), flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
