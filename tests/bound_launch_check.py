@@ -357,6 +357,14 @@ def _replay_rules() -> list:
         ran.append(1)
         probe((1,), x.view(torch.float32), y, n, 1, 2.0, flag, BLOCK=32)
 
+    def offset(x, y, n, flag):
+        ran.append(1)
+        probe((1,), x[4:], y, n, 1, 2.0, flag, BLOCK=32)
+
+    def offset_address(x, y, n, flag):
+        ran.append(1)
+        probe((1,), x, y, n, x.data_ptr() + 64, 2.0, flag, BLOCK=32)
+
     x = torch.arange(64, dtype=torch.int32)
     y = torch.zeros(80)
 
@@ -387,7 +395,8 @@ def _replay_rules() -> list:
         if not runs(w, x, y, 16, True):
             failures.append("a forced conversion path replayed the old record")
     for name, fn, x_ in (("allocates", allocates, x), ("passes an address", address, x),
-                         ("launches a view", view, x)):
+                         ("launches a view", view, x), ("launches a view at an offset", offset, x),
+                         ("passes an address inside an argument", offset_address, x)):
         w = R.Replaying(fn)
         for _ in range(R._TRIES + 1):
             runs(w, x_.clone(), y.clone(), 16, True)

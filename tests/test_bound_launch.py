@@ -58,8 +58,9 @@ def test_replayed_launches_match_the_launchers():
     1, 17 and 64 tokens, a call with a recorded launch key on new tensors launches what the
     launcher launches on them, without running it; on a probe launcher, another integer,
     alignment, shape, dtype, tuning override or forced conversion path is another key, and a
-    launcher that runs a PyTorch operation or passes an address as an integer is never
-    replayed (one that launches a dtype view of an argument is)."""
+    launcher that runs a PyTorch operation, launches a view at an offset into an argument or
+    passes an address inside one as an integer is never replayed (one that launches a dtype
+    view of an argument is)."""
     res = _run("replay", "1", "17", "64")
     assert res["failures"] == []
     assert res["checks"] >= 60 and res["hits"] == res["checks"]

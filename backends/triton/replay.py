@@ -21,24 +21,27 @@ A call is recorded only when the replay provably does what the launcher does:
   read of a tensor's values is work a replay would skip) -- a ``TorchDispatchMode`` watches;
 * every launched tensor is a kernel argument at the same address (a view of one, e.g. a dtype
   view, counts as that argument) matched by exactly one kernel argument, or a tensor that
-  existed before the call (a table the backend keeps; the record holds it);
-* no launched integer equals a kernel tensor's address (a launcher that passed an address as
-  an integer would have it frozen).
+  existed before the call and lies outside every argument's storage (a table the backend
+  keeps; the record holds it) -- a view at an offset into an argument is refused;
+* no launched integer is an address inside a kernel tensor's storage (a launcher that passed
+  an address as an integer would have it frozen).
 
 Launched pointers are passed as integers (Triton's launchers take them so; they then skip the
 driver's pointer-attribute query, which the argument checks made redundant).  Keys that cannot
 be recorded after ``_TRIES`` calls run the launcher from then on.  ``DSV41_REPLAY=0`` turns
-replay off (read once).  ``tests/test_replay.py`` checks replayed launches against the
-launcher's own on the CPU with a driver that compiles for sm_90 and records instead of
-launching; the GPU suite runs both on the device.
+replay off (read once).  ``tests/test_bound_launch.py`` checks replayed launches against the
+launchers' own on the CPU with a driver that compiles for sm_90 and records instead of
+launching (``tests/bound_launch_check.py replay``); the GPU suite compares the bytes.
 """
 
 from __future__ import annotations
 
 import os
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from dsv41.core import accepted_layouts
 from dsv41.core.accepted_layouts import tuple_getter
 
 from . import bound, tuning
@@ -65,12 +68,6 @@ def enabled() -> bool:
     if _ENABLED is None:
         _ENABLED = os.environ.get("DSV41_REPLAY", "1").strip() != "0"
     return _ENABLED
-
-
-def _guard(tensors):
-    from dsv41.core import accepted_layouts
-
-    return accepted_layouts._guard(tensors)
 
 
 class _Watch(TorchDispatchMode):
@@ -109,6 +106,13 @@ def _launches(seen, tensors, ptrs):
     where = {}
     for i, p in enumerate(ptrs):
         where.setdefault(p, []).append(i)
+    # the arguments' storages: an address inside one but at no argument's own address is a
+    # view at an offset (or an address computed from one), which would change with the call
+    spans = [(st.data_ptr(), st.nbytes()) for st in (t.untyped_storage() for t in tensors)]
+
+    def inside(p) -> bool:
+        return any(base <= p < base + size for base, size in spans if size)
+
     out = []
     for item in seen:
         if item is None:  # a launch through Triton's own path
@@ -119,6 +123,8 @@ def _launches(seen, tensors, ptrs):
             if isinstance(a, _Tensor):
                 hits = where.get(a.data_ptr())
                 if hits is None:
+                    if inside(a.data_ptr()):
+                        return None
                     # not an argument: a tensor that existed before the call (nothing was
                     # allocated, the watch says), kept alive by the record
                     pick.append(n + len(consts))
@@ -128,7 +134,7 @@ def _launches(seen, tensors, ptrs):
                     return None
                 pick.append(hits[0])
             else:
-                if type(a) is int and a != 0 and a in where:
+                if type(a) is int and a != 0 and (a in where or inside(a)):
                     return None
                 pick.append(n + len(consts))
                 consts.append(a)
@@ -218,7 +224,7 @@ class Replaying:
             tries = (records if type(records) is int else 0) + 1
             table[key] = tries
         else:
-            rec = _Record(tuple(map(_LOW4, ptrs)), _guard(tensors), launches)
+            rec = _Record(tuple(map(_LOW4, ptrs)), accepted_layouts._guard(tensors), launches)
             kept = records if type(records) is list else []
             table[key] = [rec, *kept][:_PER_KEY]
         return result
