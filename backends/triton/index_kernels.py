@@ -193,7 +193,7 @@ def _global_topk_kernel(
     out_row = _offs(rows, OFF32) * s_out0
     row_ok = (req >= 0) & (req < n_tab_rows)
     req_off = _offs(tl.where(row_ok, req, 0), OFF32) * s_tab0
-    n_cols_u = n_tab_cols.to(tl.uint32)
+    n_cols_u = (n_tab_cols + tl.zeros([1], tl.int32)).to(tl.uint32)  # a Python int when it is 1
     for k0 in range(0, K, BLOCK_C):
         cols = k0 + tl.arange(0, BLOCK_C)
         m = rmask[:, None] & (cols < K)[None, :]
