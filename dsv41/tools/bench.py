@@ -10,8 +10,9 @@ preallocated once.  Reported per row:
   GPU events around each call, each call preceded by an L2 eviction and a short
   device sleep, so the events see a cold L2 and no host launch gap);
 * ``host_seconds`` (tokens <= 64): wall time per call of the kernel function, calls made
-  back to back (on GPUs the launch path and argument handling: the device never makes the
-  host wait; on the CPU the kernel's work included);
+  back to back, the median of ``HOST_BLOCKS`` blocks of them (on GPUs the launch path and
+  argument handling: the device never makes the host wait; on the CPU the kernel's work
+  included);
 * ``host_public_seconds`` (tokens <= 64, the implementation the registry selects): the same
   for the public function with vLLM's signature on the same arguments
   (``dsv41.tools.public_calls``): argument checks, output allocation and dispatch included, so

@@ -18,7 +18,8 @@ directory: vLLM's own op files from the archive tools/vllm_gpu_pack.sh builds fr
 
 Device time: CUDA events around one eager call, L2 flushed and the launch queued behind a
 short device sleep (as ``python -m dsv41 bench``), median of ``--iters`` calls after warm-up.
-Host time: wall time of ``--host-calls`` back-to-back eager calls at 64 tokens, per call.
+Host time: wall time of ``--host-calls`` back-to-back eager calls at 64 tokens, per call, the
+median of five such blocks.
 
     python tests/vllm_gpu/side_by_side.py --archive .device/vllm033-ops.tar.xz --out $OUT
     TRITON_INTERPRET=1 python tests/vllm_gpu/side_by_side.py --smoke   # CPU, tiny sizes
