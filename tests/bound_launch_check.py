@@ -233,23 +233,29 @@ def _fallbacks(x, y) -> list:
     return failures
 
 
-def ops(tokens=(1, 17, 64)) -> dict:
+def _launcher_cases(tokens):
+    """``(variant name, tokens, kernel arguments, launcher)`` of every shared Triton launcher on
+    the bench's inputs at each size."""
     from dsv41.backends.triton.sheet import TRITON_KERNELS
     from dsv41.core import platform as P
     from dsv41.tools import bench as B
 
     plat = P.probe()
-    failures, checks = [], 0
     for t in tokens:
         for v in B.VARIANTS:
             if v.op not in TRITON_KERNELS:
                 continue
             case = v.build(B._Gen("cpu", t), t, plat)
             modname, fn = TRITON_KERNELS[v.op].split(":")
-            launcher = getattr(importlib.import_module(modname), fn)
-            for p in _both(launcher, lambda _l, f=launcher, a=case.args: f(*a)):
-                failures.append(f"{v.name} at {t} tokens: {p}")
-            checks += 1
+            yield v.name, t, case.args, getattr(importlib.import_module(modname), fn)
+
+
+def ops(tokens=(1, 17, 64)) -> dict:
+    failures, checks = [], 0
+    for name, t, args, launcher in _launcher_cases(tokens):
+        for p in _both(launcher, lambda _l, f=launcher, a=args: f(*a)):
+            failures.append(f"{name} at {t} tokens: {p}")
+        checks += 1
     return {"checks": checks, "hits": _kept_keys(), "failures": failures}
 
 
@@ -297,36 +303,26 @@ def replay(tokens=(1, 17, 64)) -> dict:
     key on new tensors skips the launcher and launches what the launcher itself launches on
     them; a launcher's Python never runs on a replayed call."""
     from dsv41.backends.triton import replay as R
-    from dsv41.backends.triton.sheet import TRITON_KERNELS
-    from dsv41.core import platform as P
-    from dsv41.tools import bench as B
 
-    plat = P.probe()
     failures, checks, replayed = [], 0, 0
-    for t in tokens:
-        for v in B.VARIANTS:
-            if v.op not in TRITON_KERNELS:
+    for name, t, case_args, launcher in _launcher_cases(tokens):
+        ran = []
+        wrapped = R.Replaying(lambda *a, f=launcher: (ran.append(1), f(*a))[1])
+        for _ in range(R._TRIES):  # a first call may build a table the backend keeps
+            wrapped(*case_args)
+        checks += 1
+        for shift in (0, 1):
+            args = _fresh(case_args, shift)
+            direct = _launched(lambda: launcher(*args))
+            del ran[:]
+            again = _launched(lambda: wrapped(*args))
+            if shift == 0 and ran:
+                failures.append(f"{name} at {t} tokens: not replayed")
                 continue
-            case = v.build(B._Gen("cpu", t), t, plat)
-            modname, fn = TRITON_KERNELS[v.op].split(":")
-            launcher = getattr(importlib.import_module(modname), fn)
-            ran = []
-            wrapped = R.Replaying(lambda *a, f=launcher: (ran.append(1), f(*a))[1])
-            for _ in range(R._TRIES):  # a first call may build a table the backend keeps
-                wrapped(*case.args)
-            checks += 1
-            for shift in (0, 1):
-                args = _fresh(case.args, shift)
-                direct = _launched(lambda: launcher(*args))
-                del ran[:]
-                again = _launched(lambda: wrapped(*args))
-                if shift == 0 and ran:
-                    failures.append(f"{v.name} at {t} tokens: not replayed")
-                    continue
-                if not ran:
-                    replayed += 1
-                for p in _same_launches(direct, again, args):
-                    failures.append(f"{v.name} at {t} tokens (shift {shift}): {p}")
+            if not ran:
+                replayed += 1
+            for p in _same_launches(direct, again, args):
+                failures.append(f"{name} at {t} tokens (shift {shift}): {p}")
     failures += _replay_rules()
     return {"checks": checks, "hits": replayed, "failures": failures}
 

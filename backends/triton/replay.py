@@ -42,14 +42,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dsv41.core import accepted_layouts
-from dsv41.core.accepted_layouts import tuple_getter
 
 from . import bound, tuning
 
 __all__ = ["Replaying", "enabled"]
 
 _Tensor = torch.Tensor
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _ADDRESS = torch.Tensor.data_ptr
 _LOW4 = (15).__and__
 # records kept per pattern of argument types (the oldest dropped beyond) and per key
@@ -139,7 +137,7 @@ def _launches(seen, tensors, ptrs):
                 pick.append(n + len(consts))
                 consts.append(a)
         grid = tuple(grid) + (1,) * (3 - len(grid))
-        out.append(_Launch(launcher, function, metadata, grid, tuple_getter(pick), tuple(consts), kernel))
+        out.append(_Launch(launcher, function, metadata, grid, accepted_layouts.tuple_getter(pick), tuple(consts), kernel))
     return out
 
 
@@ -195,18 +193,11 @@ class Replaying:
         return self._record(args, tensors, ptrs, table, key, records)
 
     def _split(self, types: tuple):
-        tensors, others = [], []
-        for i, t in enumerate(types):
-            if t in _PLAIN_TENSORS:
-                tensors.append(i)
-            elif issubclass(t, _Tensor) or t in (tuple, list):
-                self._by_types[types] = None
-                return None
-            else:
-                others.append(i)
+        # the split of accepted_layouts: None for a tensor subclass or a tuple / list argument
+        split = accepted_layouts._split(types)
         if len(self._by_types) >= 64:
             self._by_types.clear()
-        entry = self._by_types[types] = (tuple_getter(tensors), tuple_getter(others), {})
+        entry = self._by_types[types] = None if split is None else (*split, {})
         return entry
 
     def _record(self, args, tensors, ptrs, table, key, records):
