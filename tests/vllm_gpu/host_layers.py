@@ -112,8 +112,7 @@ def main(argv) -> int:
             def raw():
                 for la in rec.launches:
                     g = la.grid
-                    la.launcher(g[0], g[1], g[2], stream, la.function, la.metadata, None, None, None,
-                                *la.pick(ptrs + la.consts))
+                    la.fire(g[0], g[1], g[2], stream, la.pick(ptrs + la.consts))
 
             bare = per_call(raw)
         print(f"{case[0]:30s} public {per_call(public):6.1f}  kernel {per_call(lambda: kern(*kargs)):6.1f}  "
