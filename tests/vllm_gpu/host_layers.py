@@ -1,8 +1,8 @@
 """Host µs per eager call on a GPU host, by layer, for the ops of ``side_by_side.py`` at 64
 tokens: the public function, its kernel (the registry's, for cuda:triton the replaying launcher
 of backends/triton/replay.py), and the bare compiled launcher(s) of the replayed record; with an
-empty Triton kernel's launch (Triton's path and its compiled launcher) and a ``torch.empty`` for
-scale.  Wall time of back-to-back calls, the median of five blocks of 200.
+empty Triton kernel's launch (Triton's path, its compiled launcher, and ``bound.firing``'s direct
+call of the launcher's compiled launch function) and a ``torch.empty`` for scale.  Wall time of back-to-back calls, the median of five blocks of 200.
 
     python -P tests/vllm_gpu/host_layers.py > host_layers.txt
     python -P tests/vllm_gpu/host_layers.py --profile "global topk indices"   # + cProfile of one op
@@ -24,6 +24,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 import side_by_side as sbs  # noqa: E402
+from dsv41.backends.triton import bound  # noqa: E402
 from dsv41.core import _calls  # noqa: E402
 
 MODULES = ("cache_utils", "fused_compress_quant_cache", "query_quant", "indexer_k_store", "indexer_q", "inv_rope")
@@ -84,8 +85,10 @@ def main(argv) -> int:
     stream = torch.cuda.current_stream().cuda_stream
     p = x.data_ptr()
     print(f"{torch.cuda.get_device_name()}, Triton {triton.__version__}, torch {torch.__version__}")
+    fire = bound.firing(launcher, function, metadata)
     print(f"empty kernel: Triton's path {per_call(lambda: _empty[(1,)](x, x, x, x, 1)):.1f} us, its compiled launcher "
-          f"{per_call(lambda: launcher(1, 1, 1, stream, function, metadata, None, None, None, p, p, p, p, 1)):.1f}; "
+          f"{per_call(lambda: launcher(1, 1, 1, stream, function, metadata, None, None, None, p, p, p, p, 1)):.1f}, "
+          f"bound.firing {per_call(lambda: fire(1, 1, 1, stream, (p, p, p, p, 1))):.1f}; "
           f"torch.empty(64, 512, bf16) {per_call(lambda: torch.empty(64, 512, dtype=torch.bfloat16, device=dev)):.1f}")
     mods = [importlib.import_module("dsv41." + m) for m in MODULES]
     for case in sbs.CASES:
