@@ -121,6 +121,9 @@ def main(argv) -> int:
         print(f"{case[0]:30s} public {per_call(public):6.1f}  kernel {per_call(lambda: kern(*kargs)):6.1f}  "
               f"bare launches {bare:6.1f}  ({type(kern).__name__}, {len(rec.launches) if rec else '-'} launch)", flush=True)
         if case[0] == profile:
+            allocs = ", ".join(f"{tuple(a.shape)} {str(a.dtype)[6:]} {per_call(lambda a=a: torch.empty_like(a)):.1f}"
+                               for a in kargs if isinstance(a, torch.Tensor))
+            print(f"empty_like of each kernel tensor, us: {allocs}", flush=True)
             print(_profile(public), flush=True)
     return 0
 
