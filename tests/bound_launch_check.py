@@ -16,9 +16,10 @@ child process anyway (compiling in a process that ran interpreted kernels is not
     python tests/bound_launch_check.py ops [T ...] # every Triton launcher on the bench inputs
     python tests/bound_launch_check.py replay [T ...]  # backends/triton/replay.py against the
                                                    # launchers (every op) and on a probe launcher
+    python tests/bound_launch_check.py direct      # bound.firing against Triton's own launcher
     python tests/bound_launch_check.py time [T]    # host us per launcher call, both paths
 
-``unit``, ``ops`` and ``replay`` print one JSON object: {"checks": n, "hits": n, "failures": [...]}.
+``unit``, ``ops``, ``replay`` and ``direct`` print one JSON object: {"checks": n, "hits": n, "failures": [...]}.
 ``time`` prints a table: wall time per call of each launcher on the bench's inputs (min of 5
 repeats of 2000 calls), through Triton's path and bound; the stand-in launcher does nothing, so
 this is the host's Python work per launch minus the compiled launcher's own C code.
@@ -442,6 +443,49 @@ def time_launchers(tokens: int = 1) -> None:
     bound._ENABLED = None
 
 
+def direct() -> dict:
+    """``bound.firing`` against the installed Triton's own NVIDIA launcher: an instance of its
+    ``CudaLauncher`` (made without compiling: its attributes set as its ``__init__`` sets them)
+    whose compiled ``launch`` records what it receives, called as a launch does through its
+    ``__call__`` and through ``firing``'s direct form; both must hand ``launch`` the same."""
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    from dsv41.backends.triton import bound
+
+    got: list = []
+    failures, checks = [], 0
+    kernel_args = (0x7F00_0000_0000, 17, 2.5, True, None, 0x7F00_0000_1000, 64)
+    for coop in (False, True):
+        for pdl in (False, True):
+            for scratch in (0, 256):
+                L = object.__new__(CudaLauncher)
+                L.num_ctas = 1
+                L.global_scratch_size, L.global_scratch_align = scratch, 128
+                L.profile_scratch_size, L.profile_scratch_align = 0, 1
+                L.launch_cooperative_grid, L.launch_pdl = coop, pdl
+                L.gsan_enabled = False
+                L.arg_annotations, L.kernel_signature = ["annotations"], b"signature"
+                L.launch = lambda *a: got.append(a)
+                function, metadata = 0xF00, ("packed", 4, 1, 0)
+                fire = bound.firing(L, function, metadata)
+                direct = fire.__code__ is not bound.firing(object(), function, metadata).__code__
+                want_direct = scratch == 0 and bound._version() in bound._DIRECT_FORMS
+                checks += 1
+                if direct != want_direct:
+                    failures.append(f"coop={coop} pdl={pdl} scratch={scratch}: direct form {direct}, expected {want_direct}")
+                if not direct:
+                    continue  # with scratch memory the launcher allocates: only its own call is right
+                del got[:]
+                L(3, 2, 1, STREAM, function, metadata, None, None, None, *kernel_args)
+                fire(3, 2, 1, STREAM, kernel_args)
+                checks += 1
+                if len(got) != 2 or got[0] != got[1]:
+                    failures.append(f"coop={coop} pdl={pdl}: __call__ passed {got[:1]}, firing {got[1:]}")
+    if set(bound._DIRECT_FORMS) != set(bound.TESTED_TRITON):
+        failures.append(f"direct forms for {sorted(bound._DIRECT_FORMS)}, tested releases {bound.TESTED_TRITON}")
+    return {"checks": checks, "hits": 0, "failures": failures}
+
+
 def main(argv) -> int:
     _install()
     what = argv[0] if argv else "unit"
@@ -452,6 +496,8 @@ def main(argv) -> int:
         res = unit()
     elif what == "replay":
         res = replay(tuple(int(t) for t in argv[1:]) or (1, 17, 64))
+    elif what == "direct":
+        res = direct()
     else:
         res = ops(tuple(int(t) for t in argv[1:]) or (1, 17, 64))
     res["triton"] = triton.__version__

@@ -66,6 +66,17 @@ def test_replayed_launches_match_the_launchers():
     assert res["checks"] >= 60 and res["hits"] == res["checks"]
 
 
+@pytest.mark.skipif(not _tested_triton(), reason=f"Triton {triton.__version__}: bound launches are off")
+def test_direct_launch_passes_what_tritons_launcher_passes():
+    """``bound.firing``: for Triton's NVIDIA launcher (this release's own class and
+    ``__call__``), the compiled launch function receives the same arguments from the direct
+    form as from the launcher, with and without cooperative grids and PDL; a kernel that needs
+    scratch memory keeps the launcher's own call; a direct form exists for every tested release."""
+    res = _run("direct")
+    assert res["failures"] == []
+    assert res["checks"] == 12
+
+
 def test_untested_triton_takes_triton_path(monkeypatch):
     monkeypatch.setattr(bound, "TESTED_TRITON", ())
     monkeypatch.setattr(bound, "_ENABLED", None)

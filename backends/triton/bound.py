@@ -22,7 +22,10 @@ the one ``JITFunction.run`` would launch; on a key not seen before the launcher 
 (``run(..., warmup=True)``: Triton's own binding, cache and compilation) and keeps the answer.
 The launch passes the compiled launcher the same arguments ``JITFunction.run`` passes (every
 parameter in order, defaults filled), with no launch metadata and no hooks -- which is what an
-empty hook chain does.  ``tests/test_bound_launch.py`` checks both statements against Triton's
+empty hook chain does.  For Triton's NVIDIA launcher of a tested release and a kernel without
+scratch memory, ``firing`` goes one step further: it calls the launcher's compiled launch
+function with what the launcher's own ``__call__`` would pass it (that Python frame costs about
+1 us a launch on a host CPU).  ``tests/test_bound_launch.py`` checks both statements against Triton's
 own path (same compiled kernel, same launcher arguments) for every launcher on the CPU with a
 driver that compiles for sm_90 and records instead of launching; the GPU suite runs the real
 launches.
@@ -48,7 +51,7 @@ import triton
 
 from dsv41.core.accepted_layouts import tuple_getter
 
-__all__ = ["bind", "BoundKernel", "TESTED_TRITON", "enabled", "direct_state", "recording"]
+__all__ = ["bind", "BoundKernel", "TESTED_TRITON", "enabled", "direct_state", "firing", "recording"]
 
 # Triton releases (major.minor) whose run/launcher interface ``tests/test_bound_launch.py`` has
 # checked this module against; others take Triton's own path.
@@ -166,14 +169,73 @@ _RECORDING = _Recording()
 @contextlib.contextmanager
 def recording(seen: list):
     """Within this block (this thread) every launch is also noted in ``seen``: a direct one as
-    ``(launcher, function, metadata, grid, args, tail, kernel)``, one through Triton's own
-    path as None."""
+    ``(fire, grid, args, tail, kernel)`` (``firing``), one through Triton's own path as None."""
     before = _RECORDING.seen
     _RECORDING.seen = seen
     try:
         yield seen
     finally:
         _RECORDING.seen = before
+
+
+def _fire_36(launcher, function, metadata):
+    # Triton 3.6: __call__(gx, gy, gz, stream, function, *args) -> launch(gx, gy, gz, stream,
+    # function, cooperative, pdl, global scratch, profile scratch, *args), args beginning with
+    # the packed metadata, the launch metadata and the two hooks
+    launch, coop, pdl = launcher.launch, launcher.launch_cooperative_grid, launcher.launch_pdl
+
+    def fire(gx, gy, gz, stream, args):
+        launch(gx, gy, gz, stream, function, coop, pdl, None, None, metadata, None, None, None, *args)
+
+    return fire
+
+
+def _fire_39(launcher, function, metadata):
+    # Triton 3.9: __call__(gx, gy, gz, stream, function, metadata, launch metadata, enter, exit,
+    # *args) -> launch(gx, gy, gz, stream, function, cooperative, pdl, metadata, launch metadata,
+    # enter, exit, global scratch, profile scratch, annotations, signature, args)
+    launch, coop, pdl = launcher.launch, launcher.launch_cooperative_grid, launcher.launch_pdl
+    annotations, signature = launcher.arg_annotations, launcher.kernel_signature
+
+    def fire(gx, gy, gz, stream, args):
+        launch(gx, gy, gz, stream, function, coop, pdl, metadata, None, None, None, None, None,
+               annotations, signature, args)
+
+    return fire
+
+
+# Triton release -> how its NVIDIA launcher's ``__call__`` calls its compiled launch function
+_DIRECT_FORMS = {"3.6": _fire_36, "3.9": _fire_39}
+
+
+def _takes_direct_form(launcher) -> bool:
+    """Triton's NVIDIA launcher, for a kernel that needs no scratch memory and no sanitizer:
+    its ``__call__`` then only forwards to ``launch`` (no allocation, nothing else read)."""
+    cls = type(launcher)
+    return (cls.__name__ == "CudaLauncher" and cls.__module__ == "triton.backends.nvidia.driver"
+            and getattr(launcher, "global_scratch_size", None) == 0
+            and getattr(launcher, "profile_scratch_size", None) == 0
+            and not getattr(launcher, "gsan_enabled", False)
+            and hasattr(launcher, "launch"))
+
+
+def firing(launcher, function, metadata):
+    """``fire(gx, gy, gz, stream, args)``: what ``launcher(gx, gy, gz, stream, function, metadata,
+    None, None, None, *args)`` does (a launch without launch metadata and hooks; ``args`` a tuple).
+
+    For Triton's NVIDIA launcher of a tested release (``_DIRECT_FORMS``) and a kernel that needs
+    no scratch memory, ``fire`` calls the compiled launch function with the arguments the
+    launcher's ``__call__`` would pass it: that Python frame defines two closures and calls them
+    on every launch, about 1 us of a host CPU's time (``tests/test_bound_launch.py`` compares
+    both against the installed Triton's own ``__call__``).  Anything else: the launcher itself."""
+    form = _DIRECT_FORMS.get(_version())
+    if form is not None and _takes_direct_form(launcher):
+        return form(launcher, function, metadata)
+
+    def fire(gx, gy, gz, stream, args):
+        launcher(gx, gy, gz, stream, function, metadata, None, None, None, *args)
+
+    return fire
 
 
 def _triton_path(kernel, grid, args, kwargs):
@@ -192,7 +254,7 @@ class BoundKernel:
     def __init__(self, kernel):
         self.kernel = kernel
         self._plans: dict = {}  # argument types -> (tensors getter, others getter)
-        # launch key -> (compiled launcher, function, packed metadata, tail)
+        # launch key -> (compiled launcher, its ``firing``, tail)
         self._kept: dict = {}
         params = inspect.signature(kernel.fn).parameters
         self._tail_names = list(params)
@@ -222,12 +284,11 @@ class BoundKernel:
         kept = self._kept.get(key)
         if kept is None:
             kept = self._keep(key, grid, args, kwargs)
-        launcher, function, metadata, tail = kept
+        fire, tail = kept[1], kept[2]
         n = len(grid)
-        launcher(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1,
-                 d.get_current_stream(device), function, metadata, None, None, None, *args, *tail)
+        fire(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, d.get_current_stream(device), (*args, *tail))
         if _RECORDING.seen is not None:
-            _RECORDING.seen.append((launcher, function, metadata, grid, args, tail, kernel))
+            _RECORDING.seen.append((fire, grid, args, tail, kernel))
 
     def _plan(self, types: tuple):
         tensors = [i for i, t in enumerate(types) if issubclass(t, _Tensor)]
@@ -248,7 +309,7 @@ class BoundKernel:
         # the parameters after the positional ones, as JITFunction.run passes them: given by
         # keyword, else their defaults (a constexpr's default is its value)
         tail = tuple(kwargs[n] if n in kwargs else self._defaults[n] for n in self._tail_names[len(args):])
-        kept = (launcher, compiled.function, compiled.packed_metadata, tail)
+        kept = (launcher, firing(launcher, compiled.function, compiled.packed_metadata), tail)
         if len(self._kept) >= _KEYS:
             for old in list(self._kept)[: _KEYS // 2]:
                 self._kept.pop(old, None)

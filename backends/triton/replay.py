@@ -37,6 +37,8 @@ launching (``tests/bound_launch_check.py replay``); the GPU suite compares the b
 from __future__ import annotations
 
 import os
+from functools import reduce
+from operator import or_
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -50,6 +52,7 @@ __all__ = ["Replaying", "enabled"]
 _Tensor = torch.Tensor
 _ADDRESS = torch.Tensor.data_ptr
 _LOW4 = (15).__and__
+_OR = or_
 # records kept per pattern of argument types (the oldest dropped beyond) and per key
 _KEYS = 256
 _PER_KEY = 4
@@ -82,13 +85,19 @@ class _Watch(TorchDispatchMode):
 
 
 class _Launch:
-    """One recorded launch: the compiled launcher and its arguments, addresses left open."""
+    """One recorded launch: how to fire the compiled kernel (``bound.firing``) and its
+    arguments, addresses left open."""
 
-    __slots__ = ("launcher", "function", "metadata", "grid", "pick", "consts", "kernel")
+    __slots__ = ("fire", "grid", "pick", "consts", "kernel")
 
-    def __init__(self, launcher, function, metadata, grid, pick, consts, kernel):
-        self.launcher, self.function, self.metadata = launcher, function, metadata
-        self.grid, self.pick, self.consts, self.kernel = grid, pick, consts, kernel
+    def __init__(self, fire, grid, pick, consts, kernel):
+        self.fire, self.grid, self.pick, self.consts, self.kernel = fire, grid, pick, consts, kernel
+
+
+def _low(ptrs: tuple):
+    """The addresses mod 16 as a record keeps them: None when every one is 0 (the common case,
+    tested with one ``or`` over all of them), else the tuple."""
+    return None if not reduce(_OR, ptrs, 0) & 15 else tuple(map(_LOW4, ptrs))
 
 
 class _Record:
@@ -115,7 +124,7 @@ def _launches(seen, tensors, ptrs):
     for item in seen:
         if item is None:  # a launch through Triton's own path
             return None
-        launcher, function, metadata, grid, args, tail, kernel = item
+        fire, grid, args, tail, kernel = item
         pick, consts = [], []
         for a in (*args, *tail):
             if isinstance(a, _Tensor):
@@ -137,7 +146,7 @@ def _launches(seen, tensors, ptrs):
                 pick.append(n + len(consts))
                 consts.append(a)
         grid = tuple(grid) + (1,) * (3 - len(grid))
-        out.append(_Launch(launcher, function, metadata, grid, accepted_layouts.tuple_getter(pick), tuple(consts), kernel))
+        out.append(_Launch(fire, grid, accepted_layouts.tuple_getter(pick), tuple(consts), kernel))
     return out
 
 
@@ -176,7 +185,7 @@ class Replaying:
             return self.fn(*args)
         ptrs = tuple(map(_ADDRESS, tensors))
         if type(records) is list:
-            low = tuple(map(_LOW4, ptrs))
+            low = _low(ptrs)
             for r in records:
                 if r.low == low and r.guard(*tensors):
                     for la in r.launches:
@@ -185,8 +194,7 @@ class Replaying:
                     stream = state[0].get_current_stream(state[1])
                     for la in r.launches:
                         g = la.grid
-                        la.launcher(g[0], g[1], g[2], stream, la.function, la.metadata, None, None, None,
-                                    *la.pick(ptrs + la.consts))
+                        la.fire(g[0], g[1], g[2], stream, la.pick(ptrs + la.consts))
                     return None
         elif records is not None and records >= _TRIES:
             return self.fn(*args)
@@ -215,7 +223,7 @@ class Replaying:
             tries = (records if type(records) is int else 0) + 1
             table[key] = tries
         else:
-            rec = _Record(tuple(map(_LOW4, ptrs)), accepted_layouts._guard(tensors), launches)
+            rec = _Record(_low(ptrs), accepted_layouts._guard(tensors), launches)
             kept = records if type(records) is list else []
             table[key] = [rec, *kept][:_PER_KEY]
         return result

@@ -1,8 +1,8 @@
 """Host µs per eager call on a GPU host, by layer, for the ops of ``side_by_side.py`` at 64
 tokens: the public function, its kernel (the registry's, for cuda:triton the replaying launcher
 of backends/triton/replay.py), and the bare compiled launcher(s) of the replayed record; with an
-empty Triton kernel's launch (Triton's path and its compiled launcher) and a ``torch.empty`` for
-scale.  Wall time of back-to-back calls, the median of five blocks of 200.
+empty Triton kernel's launch (Triton's path, its compiled launcher, and ``bound.firing``'s direct
+call of the launcher's compiled launch function) and a ``torch.empty`` for scale.  Wall time of back-to-back calls, the median of five blocks of 200.
 
     python -P tests/vllm_gpu/host_layers.py > host_layers.txt
     python -P tests/vllm_gpu/host_layers.py --profile "global topk indices"   # + cProfile of one op
@@ -24,6 +24,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 import side_by_side as sbs  # noqa: E402
+from dsv41.backends.triton import bound, replay  # noqa: E402
 from dsv41.core import _calls  # noqa: E402
 
 MODULES = ("cache_utils", "fused_compress_quant_cache", "query_quant", "indexer_k_store", "indexer_q", "inv_rope")
@@ -48,12 +49,20 @@ def _empty(a, b, c, d, n):
     pass
 
 
-def _record_of(kern):
-    """The first replay record a ``Replaying`` kernel keeps (None for other kernels)."""
-    for entry in getattr(kern, "_by_types", {}).values():
-        for records in (entry[2].values() if entry else ()):
-            if type(records) is list:
-                return records[0]
+def _record_of(kern, kargs):
+    """The replay record a ``Replaying`` kernel keeps for the kernel arguments ``kargs`` (their
+    types, non-tensor values, tensor layouts and alignment); None if none (or another kernel)."""
+    entry = getattr(kern, "_by_types", {}).get(tuple(map(type, kargs)))
+    if not entry:
+        return None
+    tensors_of, others_of, table = entry
+    tensors = tensors_of(kargs)
+    low = replay._low(tuple(t.data_ptr() for t in tensors))
+    for key, records in table.items():
+        if type(records) is list and key[0] == others_of(kargs):
+            for r in records:
+                if r.low == low and r.guard(*tensors):
+                    return r
     return None
 
 
@@ -84,8 +93,10 @@ def main(argv) -> int:
     stream = torch.cuda.current_stream().cuda_stream
     p = x.data_ptr()
     print(f"{torch.cuda.get_device_name()}, Triton {triton.__version__}, torch {torch.__version__}")
+    fire = bound.firing(launcher, function, metadata)
     print(f"empty kernel: Triton's path {per_call(lambda: _empty[(1,)](x, x, x, x, 1)):.1f} us, its compiled launcher "
-          f"{per_call(lambda: launcher(1, 1, 1, stream, function, metadata, None, None, None, p, p, p, p, 1)):.1f}; "
+          f"{per_call(lambda: launcher(1, 1, 1, stream, function, metadata, None, None, None, p, p, p, p, 1)):.1f}, "
+          f"bound.firing {per_call(lambda: fire(1, 1, 1, stream, (p, p, p, p, 1))):.1f}; "
           f"torch.empty(64, 512, bf16) {per_call(lambda: torch.empty(64, 512, dtype=torch.bfloat16, device=dev)):.1f}")
     mods = [importlib.import_module("dsv41." + m) for m in MODULES]
     for case in sbs.CASES:
@@ -104,7 +115,7 @@ def main(argv) -> int:
         except _calls.KernelCall as kc:
             op, kargs = kc.name, kc.args
         kern = getattr(_calls.ops, op).kernels[kargs[0].device]
-        rec = _record_of(kern)
+        rec = _record_of(kern, kargs)
         bare = float("nan")
         if rec is not None:
             ptrs = tuple(a.data_ptr() for a in kargs if isinstance(a, torch.Tensor))
@@ -112,13 +123,15 @@ def main(argv) -> int:
             def raw():
                 for la in rec.launches:
                     g = la.grid
-                    la.launcher(g[0], g[1], g[2], stream, la.function, la.metadata, None, None, None,
-                                *la.pick(ptrs + la.consts))
+                    la.fire(g[0], g[1], g[2], stream, la.pick(ptrs + la.consts))
 
             bare = per_call(raw)
         print(f"{case[0]:30s} public {per_call(public):6.1f}  kernel {per_call(lambda: kern(*kargs)):6.1f}  "
               f"bare launches {bare:6.1f}  ({type(kern).__name__}, {len(rec.launches) if rec else '-'} launch)", flush=True)
         if case[0] == profile:
+            allocs = ", ".join(f"{tuple(a.shape)} {str(a.dtype)[6:]} {per_call(lambda a=a: torch.empty_like(a)):.1f}"
+                               for a in kargs if isinstance(a, torch.Tensor))
+            print(f"empty_like of each kernel tensor, us: {allocs}", flush=True)
             print(_profile(public), flush=True)
     return 0
 
