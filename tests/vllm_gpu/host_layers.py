@@ -2,7 +2,8 @@
 tokens: the public function, its kernel (the registry's, for cuda:triton the replaying launcher
 of backends/triton/replay.py), and the bare compiled launcher(s) of the replayed record; with an
 empty Triton kernel's launch (Triton's path, its compiled launcher, and ``bound.firing``'s direct
-call of the launcher's compiled launch function) and a ``torch.empty`` for scale.  Wall time of back-to-back calls, the median of five blocks of 200.
+call of the launcher's compiled launch function) and a ``torch.empty`` for scale.  Wall time of
+back-to-back calls, the median of five blocks of 200.
 
     python -P tests/vllm_gpu/host_layers.py > host_layers.txt
     python -P tests/vllm_gpu/host_layers.py --profile "global topk indices"   # + cProfile of one op
