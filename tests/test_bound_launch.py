@@ -77,6 +77,37 @@ def test_direct_launch_passes_what_tritons_launcher_passes():
     assert res["checks"] == 12
 
 
+def test_current_device_read_without_the_lazy_init_once_cuda_is_up(monkeypatch):
+    """A driver whose ``get_current_device`` is ``torch.cuda.current_device`` is read through the
+    C function that ends in once CUDA is initialized; before that through the driver's own,
+    which hands over once a call finds CUDA initialized; any other driver's own always."""
+    import torch
+
+    raw = lambda: 7  # noqa: E731
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", raw, raising=False)
+    up = [False]
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: up[0])
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 7)
+
+    class Cuda:
+        get_current_device = staticmethod(torch.cuda.current_device)
+
+    class Other:
+        @staticmethod
+        def get_current_device():
+            return 3
+
+    drv = bound._Driver()
+    drv.last = Cuda
+    first = drv._device_getter(Cuda)
+    drv.device = first
+    assert first is not raw and first() == 7 and drv.device is first  # CUDA not up: stays
+    up[0] = True
+    assert first() == 7 and drv.device is raw  # hands over
+    assert drv._device_getter(Cuda) is raw
+    assert drv._device_getter(Other) is Other.get_current_device
+
+
 def test_untested_triton_takes_triton_path(monkeypatch):
     monkeypatch.setattr(bound, "TESTED_TRITON", ())
     monkeypatch.setattr(bound, "_ENABLED", None)
