@@ -157,6 +157,69 @@ def _remap(v, bs, span):
 # are not (one build serves them all).  The widths the kernels loop over (top-k K, the
 # FlashInfer kernel's W_swa / PT) are constexprs, as in vLLM's kernels (a model has one or
 # two): the column loops have a known trip count and their masks fold away.
+@triton.jit
+def _topk_row(topk_ptr, s_tk0, s_tk1, req_ptr, s_req, table_ptr, n_tab_rows, n_cols_u, s_tab0, s_tab1,
+              valid_ptr, s_valid, out_ptr, s_out0, s_out1, lens_ptr, s_lens, row, rm,
+              K: tl.constexpr, B: tl.constexpr, BLOCK_C: tl.constexpr, COMPACT: tl.constexpr,
+              OFF32: tl.constexpr):
+    """Row ``row`` (``[1]``) of the top-k translation (``rm``: the row exists), in 1-D steps of ``BLOCK_C``
+    columns.  One-row 2-D tiles ``[1, BLOCK_C]`` had Triton 3.6 give the table gather a layout
+    of its own and convert between the two through shared memory (sm_90: 24 barriers, 79
+    registers, half the occupancy of vLLM's kernel); 1-D steps keep one layout."""
+    row64 = row.to(tl.int64)
+    req = tl.load(req_ptr + row64 * s_req, mask=rm, other=-1)
+    # loaded before the loop: after its stores the compiler could not move the load up
+    # (the output might alias it), and at decode sizes it would cost one more memory
+    # round trip at the end of the kernel
+    valid = tl.load(valid_ptr + row64 * s_valid, mask=rm, other=0)
+    # OFF32: every element offset of the input, the output and the table fits in int32 (the
+    # launcher checked): the per-element address arithmetic stays 32-bit
+    in_row = _offs(row, OFF32) * s_tk0
+    out_row = _offs(row, OFF32) * s_out0
+    row_ok = (req >= 0) & (req < n_tab_rows)
+    req_off = _offs(tl.where(row_ok, req, 0), OFF32) * s_tab0
+    count = tl.zeros([1], tl.int32)
+    # without compaction the valid entries are counted per lane and summed across the program
+    # once, after the loop (a cross-warp sum costs two barriers; once per step is not needed)
+    lane_hits = tl.zeros([BLOCK_C], tl.int32)
+    for k0 in range(0, K, BLOCK_C):
+        cols = k0 + tl.arange(0, BLOCK_C)
+        m = (cols < K) & rm
+        cols_o = _offs(cols, OFF32)
+        x = tl.load(topk_ptr + in_row + cols_o * s_tk1, mask=m, other=-1)
+        # valid: x >= 0 and the table entry exists (request row, logical block < width).  One
+        # unsigned compare for both conditions on the entry: a negative x is 2^31 or more as
+        # uint32, so its block is at least 2^31 // B, which the launcher's width never exceeds
+        # (``_topk_width``); the request row's test is the row's (``row_ok``)
+        p = x.to(tl.uint32)
+        blk = p // B
+        ok = (blk < n_cols_u) & row_ok
+        off = req_off + _offs(blk.to(tl.int32), OFF32) * s_tab1
+        block_id = tl.load(table_ptr + off, mask=ok, other=0)
+        out = tl.where(ok, block_id * B + (p % B).to(tl.int32), -1)
+        hits = ok.to(tl.int32)
+        if COMPACT:
+            # a valid entry's column in the output: the row's valid entries in earlier steps
+            # plus those before it in this one (an exclusive prefix sum), so order is kept
+            dst = count + _rcumsum(hits, axis=0) - hits
+            tl.store(out_ptr + out_row + _offs(dst, OFF32) * s_out1, out, mask=m & ok)
+            count += _rsum(hits, axis=0)
+        else:
+            tl.store(out_ptr + out_row + cols_o * s_out1, out, mask=m)
+            lane_hits += hits
+    if not COMPACT:
+        count = _rsum(lane_hits, axis=0)
+    if COMPACT:
+        # −1 after the valid entries: only now is the row's count known, and this pass
+        # writes exactly the columns the first one left, so no column is written twice
+        for k0 in range(0, K, BLOCK_C):
+            cols = k0 + tl.arange(0, BLOCK_C)
+            m = (cols < K) & rm & (cols >= count)
+            tl.store(out_ptr + row64 * s_out0 + cols.to(tl.int64) * s_out1,
+                     tl.full([BLOCK_C], -1, tl.int32), mask=m)
+    tl.store(lens_ptr + row64 * s_lens, tl.where(valid != 0, count, 0), mask=rm)
+
+
 @triton.jit(do_not_specialize=["n_tab_rows", "n_tab_cols", "N"])
 def _global_topk_kernel(
     topk_ptr, s_tk0, s_tk1,
@@ -172,64 +235,18 @@ def _global_topk_kernel(
     launch.pdl_prologue(PDL)
     # B (the page size) is a constexpr: pos // B and pos % B by a constant (a shift and a
     # mask for a power of two) instead of an integer division per index
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    if BLOCK_R == 1:
-        rmask = tl.full([BLOCK_R], 1, tl.int1)  # the grid has exactly N programs
-    else:
-        rmask = rows < N
-    rows64 = rows.to(tl.int64)
-    req = tl.load(req_ptr + rows64 * s_req, mask=rmask, other=-1)
-    # loaded before the loop: after its stores the compiler could not move the load up
-    # (the output might alias it), and at decode sizes it would cost one more memory
-    # round trip at the end of the kernel
-    valid = tl.load(valid_ptr + rows64 * s_valid, mask=rmask, other=0)
-    count = tl.full([BLOCK_R], 0, tl.int32)
-    # without compaction the valid entries are counted per lane and summed across the program
-    # once, after the loop (a cross-warp sum costs two barriers; once per step is not needed)
-    lane_hits = tl.full([BLOCK_R, BLOCK_C], 0, tl.int32)
-    # OFF32: every element offset of the input, the output and the table fits in int32 (the
-    # launcher checked): the per-element address arithmetic stays 32-bit
-    in_row = _offs(rows, OFF32) * s_tk0
-    out_row = _offs(rows, OFF32) * s_out0
-    row_ok = (req >= 0) & (req < n_tab_rows)
-    req_off = _offs(tl.where(row_ok, req, 0), OFF32) * s_tab0
     n_cols_u = (n_tab_cols + tl.zeros([1], tl.int32)).to(tl.uint32)  # a Python int when it is 1
-    for k0 in range(0, K, BLOCK_C):
-        cols = k0 + tl.arange(0, BLOCK_C)
-        m = rmask[:, None] & (cols < K)[None, :]
-        cols_o = _offs(cols, OFF32)[None, :]
-        x = tl.load(topk_ptr + in_row[:, None] + cols_o * s_tk1, mask=m, other=-1)
-        # valid: x >= 0 and the table entry exists (request row, logical block < width).  One
-        # unsigned compare for both conditions on the entry: a negative x is 2^31 or more as
-        # uint32, so its block is at least 2^31 // B, which the launcher's width never exceeds
-        # (``_topk_width``); the request row's test is the row's (``row_ok``)
-        p = x.to(tl.uint32)
-        blk = p // B
-        ok = (blk < n_cols_u) & row_ok[:, None]
-        off = req_off[:, None] + _offs(blk.to(tl.int32), OFF32) * s_tab1
-        block_id = tl.load(table_ptr + off, mask=ok, other=0)
-        out = tl.where(ok, block_id * B + (p % B).to(tl.int32), -1)
-        hits = ok.to(tl.int32)
-        if COMPACT:
-            # a valid entry's column in the output: the row's valid entries in earlier steps
-            # plus those before it in this one (an exclusive prefix sum), so order is kept
-            dst = count[:, None] + _rcumsum(hits, axis=1) - hits
-            tl.store(out_ptr + out_row[:, None] + _offs(dst, OFF32) * s_out1, out, mask=m & ok)
-            count += _rsum(hits, axis=1)
+    for i in tl.static_range(BLOCK_R):
+        # a one-element vector, not a scalar: a masked scalar load is not what every Triton
+        # (its interpreter included) takes
+        row = tl.program_id(0) * BLOCK_R + i + tl.zeros([1], tl.int32)
+        if BLOCK_R == 1:
+            rm = tl.full([1], 1, tl.int1)  # the grid has exactly N programs
         else:
-            tl.store(out_ptr + out_row[:, None] + cols_o * s_out1, out, mask=m)
-            lane_hits += hits
-    if not COMPACT:
-        count = _rsum(lane_hits, axis=1)
-    if COMPACT:
-        # −1 after the valid entries: only now is the row's count known, and this pass
-        # writes exactly the columns the first one left, so no column is written twice
-        for k0 in range(0, K, BLOCK_C):
-            cols = k0 + tl.arange(0, BLOCK_C)
-            m = rmask[:, None] & (cols < K)[None, :] & (cols[None, :] >= count[:, None])
-            tl.store(out_ptr + rows64[:, None] * s_out0 + cols.to(tl.int64)[None, :] * s_out1,
-                     tl.full([BLOCK_R, BLOCK_C], -1, tl.int32), mask=m)
-    tl.store(lens_ptr + rows64 * s_lens, tl.where(valid != 0, count, 0), mask=rmask)
+            rm = row < N
+        _topk_row(topk_ptr, s_tk0, s_tk1, req_ptr, s_req, table_ptr, n_tab_rows, n_cols_u, s_tab0, s_tab1,
+                  valid_ptr, s_valid, out_ptr, s_out0, s_out1, lens_ptr, s_lens, row, rm,
+                  K, B, BLOCK_C, COMPACT, OFF32)
 
 
 _global_topk_launch = bind(_global_topk_kernel)
