@@ -162,10 +162,10 @@ def _topk_row(topk_ptr, s_tk0, s_tk1, req_ptr, s_req, table_ptr, n_tab_rows, n_c
               valid_ptr, s_valid, out_ptr, s_out0, s_out1, lens_ptr, s_lens, row, rm,
               K: tl.constexpr, B: tl.constexpr, BLOCK_C: tl.constexpr, COMPACT: tl.constexpr,
               OFF32: tl.constexpr):
-    """Row ``row`` (``[1]``) of the top-k translation (``rm``: the row exists), in 1-D steps of ``BLOCK_C``
-    columns.  One-row 2-D tiles ``[1, BLOCK_C]`` had Triton 3.6 give the table gather a layout
-    of its own and convert between the two through shared memory (sm_90: 24 barriers, 79
-    registers, half the occupancy of vLLM's kernel); 1-D steps keep one layout."""
+    """Row ``row`` (``[1]``) of the top-k translation (``rm``: the row exists), in 1-D steps of
+    ``BLOCK_C`` columns.  One-row 2-D tiles ``[1, BLOCK_C]`` had Triton 3.6 give the table
+    gather a layout of its own and convert between the two through shared memory (sm_90: 24
+    barriers, 79 registers, half the occupancy of vLLM's kernel); 1-D steps keep one layout."""
     row64 = row.to(tl.int64)
     req = tl.load(req_ptr + row64 * s_req, mask=rm, other=-1)
     # loaded before the loop: after its stores the compiler could not move the load up
