@@ -642,7 +642,8 @@ def _register_aot() -> None:
          "out_ptr": i32, "lens_ptr": i32}
     # as the JIT specializes a model's launch: 16-aligned rows and widths (2048 / 512 columns)
     topk_div = ("topk_ptr", "out_ptr", "s_tk0", "s_out0")
-    for br, bc in ((4, 1024), (64, 64), (1, 2048)):
+    # rows per program one after another (``_topk_row``): whole rows, narrower steps, 4 rows
+    for br, bc in ((1, 2048), (1, 512), (4, 1024)):
         c = {"B": 64, "K": 2048, "BLOCK_R": br, "BLOCK_C": bc}
         register(AotSpec(f"index_kernels._global_topk_kernel[{br}x{bc}]", _global_topk_kernel,
                          _aot_signature(_global_topk_kernel, p), c, num_warps=_NUM_WARPS,
