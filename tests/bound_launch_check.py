@@ -315,6 +315,7 @@ def replay(tokens=(1, 17, 64)) -> dict:
         for shift in (0, 1):
             args = _fresh(case_args, shift)
             direct = _launched(lambda: launcher(*args))
+            rec = wrapped.record_for(*args)  # before the call: it may record
             del ran[:]
             again = _launched(lambda: wrapped(*args))
             if shift == 0 and ran:
@@ -322,6 +323,10 @@ def replay(tokens=(1, 17, 64)) -> dict:
                 continue
             if not ran:
                 replayed += 1
+            if (rec is None) != bool(ran) or (rec is not None and len(rec.launches) != len(direct)):
+                failures.append(f"{name} at {t} tokens (shift {shift}): record_for gives "
+                                f"{'no record' if rec is None else len(rec.launches)} but the call "
+                                f"{'ran the launcher' if ran else 'replayed'} ({len(direct)} launches)")
             for p in _same_launches(direct, again, args):
                 failures.append(f"{name} at {t} tokens (shift {shift}): {p}")
     failures += _replay_rules()
@@ -374,6 +379,8 @@ def _replay_rules() -> list:
     runs(w, x, y, 16, True)
     if runs(w, x.clone(), y.clone(), 16, True):
         failures.append("a plain launcher was not replayed")
+    if w.record_for(x.clone(), y.clone(), 17, True) is not None:
+        failures.append("record_for found a record for an integer argument never called")
     if not runs(w, x.clone(), y.clone(), 17, True):
         failures.append("another integer argument replayed the old record")
     if not runs(w, x[1:], y, 16, True):

@@ -200,6 +200,28 @@ class Replaying:
             return self.fn(*args)
         return self._record(args, tensors, ptrs, table, key, records)
 
+    def record_for(self, *args):
+        """The record a call with these kernel arguments would replay now (its ``launches``:
+        what fires), or None where the call would run the launcher.  For tools that time the
+        replayed launches apart from the call; ``__call__`` inlines the same lookup."""
+        state = bound.direct_state()
+        entry = self._by_types.get(tuple(map(type, args)))
+        if state is None or not entry:
+            return None
+        tensors_of, others_of, table = entry
+        tensors = tensors_of(args)
+        try:
+            records = table.get((others_of(args), *state, *tuning.settings()))
+        except TypeError:
+            return None
+        if type(records) is not list:
+            return None
+        low = _low(tuple(map(_ADDRESS, tensors)))
+        for r in records:
+            if r.low == low and r.guard(*tensors):
+                return r
+        return None
+
     def _split(self, types: tuple):
         # the split of accepted_layouts: None for a tensor subclass or a tuple / list argument
         split = accepted_layouts._split(types)

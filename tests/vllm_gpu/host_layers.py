@@ -25,7 +25,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 import side_by_side as sbs  # noqa: E402
-from dsv41.backends.triton import bound, replay  # noqa: E402
+from dsv41.backends.triton import bound  # noqa: E402
 from dsv41.core import _calls  # noqa: E402
 
 MODULES = ("cache_utils", "fused_compress_quant_cache", "query_quant", "indexer_k_store", "indexer_q", "inv_rope")
@@ -48,23 +48,6 @@ def per_call(f, n: int = 200) -> float:
 @triton.jit
 def _empty(a, b, c, d, n):
     pass
-
-
-def _record_of(kern, kargs):
-    """The replay record a ``Replaying`` kernel keeps for the kernel arguments ``kargs`` (their
-    types, non-tensor values, tensor layouts and alignment); None if none (or another kernel)."""
-    entry = getattr(kern, "_by_types", {}).get(tuple(map(type, kargs)))
-    if not entry:
-        return None
-    tensors_of, others_of, table = entry
-    tensors = tensors_of(kargs)
-    low = replay._low(tuple(t.data_ptr() for t in tensors))
-    for key, records in table.items():
-        if type(records) is list and key[0] == others_of(kargs):
-            for r in records:
-                if r.low == low and r.guard(*tensors):
-                    return r
-    return None
 
 
 def _profile(call, n: int = 2000) -> str:
@@ -116,7 +99,7 @@ def main(argv) -> int:
         except _calls.KernelCall as kc:
             op, kargs = kc.name, kc.args
         kern = getattr(_calls.ops, op).kernels[kargs[0].device]
-        rec = _record_of(kern, kargs)
+        rec = kern.record_for(*kargs) if hasattr(kern, "record_for") else None
         bare = float("nan")
         if rec is not None:
             ptrs = tuple(a.data_ptr() for a in kargs if isinstance(a, torch.Tensor))
