@@ -383,6 +383,16 @@ def _replay_rules() -> list:
         failures.append("record_for found a record for an integer argument never called")
     if not runs(w, x.clone(), y.clone(), 17, True):
         failures.append("another integer argument replayed the old record")
+    _probe.pre_run_hooks.append(lambda *a, **k: None)  # as a profiler installs one
+    try:
+        if w.record_for(x.clone(), y.clone(), 16, True) is not None:
+            failures.append("record_for gave a record with a pre-run hook on the kernel")
+        if not runs(w, x.clone(), y.clone(), 16, True):
+            failures.append("a kernel with a pre-run hook replayed")
+    finally:
+        _probe.pre_run_hooks.pop()
+    if w.record_for(x.clone(), y.clone(), 16, True) is None:
+        failures.append("record_for gave no record for a replayed call")
     if not runs(w, x[1:], y, 16, True):
         failures.append("another alignment replayed the old record")
     if not runs(w, x.reshape(8, 8), y, 16, True):

@@ -204,7 +204,7 @@ class Replaying:
         """The record a call with these kernel arguments would replay now (its ``launches``:
         what fires), or None where the call would run the launcher.  For tools that time the
         replayed launches apart from the call; ``__call__`` inlines the same lookup."""
-        state = bound.direct_state()
+        state = bound.direct_state() if enabled() else None
         entry = self._by_types.get(tuple(map(type, args)))
         if state is None or not entry:
             return None
@@ -219,7 +219,8 @@ class Replaying:
         low = _low(tuple(map(_ADDRESS, tensors)))
         for r in records:
             if r.low == low and r.guard(*tensors):
-                return r
+                # a hook installed since (a profiler) sends the call down Triton's path
+                return None if any(la.kernel.pre_run_hooks for la in r.launches) else r
         return None
 
     def _split(self, types: tuple):
