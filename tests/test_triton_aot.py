@@ -137,3 +137,35 @@ def test_sass_instruction_mix():
     assert any(op.startswith("F2FP.SATFINITE.E4M3") for op in ops), ops.most_common(10)
     assert any(op.startswith("STG.E.128") for op in ops), ops.most_common(10)
     assert "EXIT" in ops and "NOP" not in ops
+
+
+@pytest.mark.skipif(_interpreted(), reason="compiled kernels only (run without TRITON_INTERPRET)")
+def test_sass_cli_other_shapes_and_one_branch():
+    """``sass --set K=V --num-warps N --from-label L``: the spec is built with the given
+    constexprs and warps (its name says so), the count from a label is part of the whole
+    kernel's, and a constexpr the kernel lacks or a label its SASS lacks is a usage error."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    name = "_flashinfer_mixed_kernel[----]"
+
+    def run(*extra):
+        return subprocess.run([sys.executable, *SAFE_PATH, "-m", "dsv41.backends.triton.sass", name, *extra],
+                              env=env, capture_output=True, text=True, timeout=600)
+
+    def count(proc):
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        line = next(ln for ln in proc.stdout.splitlines() if "instructions" in ln)
+        return line, int(line.split("]: ")[1].split()[0])
+
+    shape = ["--set", "BLOCK_R=2", "--set", "BLOCK_C=512", "--set", "BLOCK_W=128", "--num-warps", "2"]
+    line, whole = count(run(*shape))
+    assert "{BLOCK_R=2,BLOCK_C=512,BLOCK_W=128,2 warps} [2 warps," in line, line
+    _, branch = count(run(*shape, "--from-label", ".L_x_0"))
+    assert 0 < branch < whole
+    _, default = count(run())
+    assert default != whole  # the default spec is 16 rows x 256 columns, 4 warps
+    bad = run("--set", "NO_SUCH_CONSTEXPR=1")
+    assert bad.returncode == 2 and "has no constexpr NO_SUCH_CONSTEXPR" in bad.stderr
+    bad = run("--from-label", ".L_no_such_label")
+    assert bad.returncode == 2 and "label '.L_no_such_label' not in the SASS" in bad.stderr
+    bad = run("--set", "BLOCK_R")
+    assert bad.returncode == 2 and "--set takes NAME=VALUE" in bad.stderr
