@@ -8,9 +8,9 @@ substrings for sm_90, disassembles the cubin with the ``nvdisasm`` that ships wi
 prints the number of SASS instructions (straight-line count: a loop body counts once), the
 warp-instructions issued per token where the program handles ``BLOCK_T`` tokens, and the most
 frequent opcodes.  ``--set`` / ``--num-warps`` build the specs with other constexprs / warps
-(e.g. a launch shape the sweep times), ``--from-label`` counts only the instructions from a
-SASS label on (e.g. ``.L_x_0``, the branch of a kernel that one kind of launch runs).  Most of the cache
-kernels are issue-bound on the H200 rather than DRAM-bound (Nsight Compute: SM throughput
+(e.g. a launch shape the sweep times); ``--from-label`` counts only the instructions from a
+SASS label to the end (e.g. ``.L_x_0``, the branch of a kernel that one kind of launch runs).
+Most of the cache kernels are issue-bound on the H200 rather than DRAM-bound (Nsight Compute: SM throughput
 ~80 % at 50 % DRAM), so the instruction count per element is the number to push down;
 docs/performance.md quotes these counts.
 """
