@@ -134,11 +134,14 @@ def _compile(spec: AotSpec, target):
     return triton.compile(src, target=target, options={"num_warps": spec.num_warps})
 
 
+INT_TYPES = ("i32", "i64", "u32", "u64")  # signature types of integer scalar parameters
+
+
 def as_ones(spec: AotSpec) -> AotSpec:
     """``spec`` with every integer scalar parameter set to 1: how Triton's JIT passes an
     integer argument equal to 1 (a constexpr, a Python int in the kernel body), so a body that
     calls a tensor method on such a parameter fails to build here, as it would at run time."""
-    ints = {a for a, t in spec.signature.items() if t in ("i32", "i64", "u32", "u64")}
+    ints = {a for a, t in spec.signature.items() if t in INT_TYPES}
     return dataclasses.replace(
         spec, name=spec.name + "[ints=1]",
         signature={a: ("constexpr" if a in ints else t) for a, t in spec.signature.items()},

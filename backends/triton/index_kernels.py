@@ -108,21 +108,47 @@ def _table_strides(t: torch.Tensor) -> tuple[int, int, int, int]:
 
 
 @triton.jit
-def _table_lookup(table_ptr, n_rows, n_cols, s_row, s_col, req, pos, read, B, OFF32: tl.constexpr = False):
-    """``(slot, hit)``: ``hit`` where ``read`` and ``table[req, pos // B]`` is inside the table's
-    logical shape (a negative position, e.g. from int32 arithmetic on out-of-contract lengths,
-    is outside); ``slot = table[req, pos // B] * B + pos % B`` there, else −1.
+def _table_entry(table_ptr, n_rows, n_cols, s_row, s_col, req, pos, read, B, OFF32: tl.constexpr = False):
+    """``(block_id, p, hit)``: ``hit`` where ``read`` and ``table[req, pos // B]`` is inside the
+    table's logical shape (a negative position, e.g. from int32 arithmetic on out-of-contract
+    lengths, is outside); ``block_id`` that entry there (0 elsewhere) and ``p`` the position as
+    unsigned (meaningful where ``hit``).
 
-    ``req`` broadcasts against ``pos``/``read``.  The page arithmetic is unsigned (the position
-    is non-negative wherever it is used): a shift and a mask for a power-of-two ``B``, with no
-    sign fix-up."""
-    hit = read & (pos >= 0) & (req >= 0) & (req < n_rows)
-    p = tl.where(hit, pos, 0).to(tl.uint32)
+    ``req`` broadcasts against ``pos``/``read``; what depends on the request alone (is it a
+    row of the table, where its row starts) is computed once per row, and a request outside
+    the table leaves no column to hit.  The page arithmetic is unsigned (the position is
+    non-negative wherever it is used): a shift and a mask for a power-of-two ``B``, with no
+    sign fix-up.  Lanes that do not hit read nothing; their offsets are never used."""
+    row_ok = (req >= 0) & (req < n_rows)
+    cols = tl.where(row_ok, n_cols, 0)
+    p = pos.to(tl.uint32)
     blk = (p // B).to(tl.int32)
-    hit = hit & (blk < n_cols)
-    off = _offs(tl.where(hit, req, 0), OFF32) * s_row + _offs(blk, OFF32) * s_col
+    hit = read & (pos >= 0) & (blk < cols)
+    off = _offs(tl.where(row_ok, req, 0), OFF32) * s_row + _offs(blk, OFF32) * s_col
     block_id = tl.load(table_ptr + off, mask=hit, other=0)
-    return tl.where(hit, block_id * B + (p % B).to(tl.int32), -1), hit
+    return block_id, p, hit
+
+
+@triton.jit
+def _lookup_remapped(table_ptr, n_rows, n_cols, s_row, s_col, req, pos, read, keep, B, span,
+                     OFF32: tl.constexpr = False):
+    """§7 column: the slot ``table[req, pos // B] * B + pos % B`` where ``hit`` (``_table_entry``)
+    and ``keep``, else −1, remapped (``_remap(slot, B, span)``), with the bytes of those two
+    steps for every table entry (int32 wrapping included).
+
+    For a power-of-two ``B = 2^k`` the slot ``block_id * B + r`` (``r = p % B``) is
+    ``(block_id << k) | r``: it is negative exactly when ``block_id << k`` is, its page is
+    ``(block_id << k) >> k`` (unsigned) and its offset ``r``, so the remap needs no division
+    of the slot and no second sign test; other ``B`` take the two steps as written."""
+    block_id, p, hit = _table_entry(table_ptr, n_rows, n_cols, s_row, s_col, req, pos, read, B, OFF32)
+    r = (p % B).to(tl.int32)
+    if (B & (B - 1)) == 0:
+        hi = block_id * B
+        page = (hi.to(tl.uint32) // B).to(tl.int32)
+        out = tl.where(hit & keep & (hi >= 0), page * span + r, -1)
+    else:
+        out = _remap(tl.where(hit & keep, block_id * B + r, -1), B, span)
+    return out
 
 
 @triton.jit
@@ -140,7 +166,7 @@ def _offs(x, OFF32: tl.constexpr):
 @triton.jit
 def _remap(v, bs, span):
     """§7 span remap: −1 if v < 0 else (v // bs) * span + v % bs (unsigned, as in
-    ``_table_lookup``)."""
+    ``_table_entry``)."""
     vs = tl.where(v >= 0, v, 0).to(tl.uint32)
     return tl.where(v >= 0, (vs // bs).to(tl.int32) * span + (vs % bs).to(tl.int32), -1)
 
@@ -455,19 +481,26 @@ def _flashinfer_mixed_kernel(
         n = pid * BLOCK_R + tl.arange(0, BLOCK_R)
         nmask = n < D
         n64 = n.to(tl.int64)
-        # SWA columns: already-global slots, remapped.
-        for j0 in range(0, W_swa, BLOCK_W):
-            j = j0 + tl.arange(0, BLOCK_W)
-            m = nmask[:, None] & (j < W_swa)[None, :]
-            j64 = j.to(tl.int64)[None, :]
-            v = tl.load(dswa_ptr + n64[:, None] * s_dswa0 + j64 * s_dswa1, mask=m, other=-1)
-            tl.store(out_ptr + n64[:, None] * s_out0 + j64 * s_out1, _remap(v, sbs, sspan), mask=m)
+        # SWA columns: already-global slots, remapped.  When they fit one step they are read
+        # here and written after the compressed columns, so that no store stands before the
+        # compressed columns' reads (a store keeps every later load behind it: the compiler
+        # cannot know the output does not alias an input) and a row waits on two reads one
+        # after another (token -> block table), not three.
+        ONE_SWA_STEP: tl.constexpr = W_swa <= BLOCK_W
+        if ONE_SWA_STEP:
+            js = tl.arange(0, BLOCK_W)
+            ms = nmask[:, None] & (js < W_swa)[None, :]
+            js64 = js.to(tl.int64)[None, :]
+            v_swa = tl.load(dswa_ptr + n64[:, None] * s_dswa0 + js64 * s_dswa1, mask=ms, other=-1)
         # Compressed columns W_swa + j, j < PT (−1 past K_dec).
         req = tl.load(t2r_ptr + n64 * s_t2r, mask=nmask, other=-1)
         if HAS_DVALID:
             valid = tl.load(dvalid_ptr + n64 * s_dvalid, mask=nmask, other=0) != 0
         else:
             valid = nmask
+        GIVEN_LENS: tl.constexpr = HAS_DLENS and not IS_LOCAL
+        if GIVEN_LENS:
+            c_len = tl.load(dlens_ptr + n64 * s_dlens, mask=nmask, other=0)
         count = tl.full([BLOCK_R], 0, tl.int32)
         for j0 in range(0, PT, BLOCK_C):
             j = j0 + tl.arange(0, BLOCK_C)
@@ -481,15 +514,23 @@ def _flashinfer_mixed_kernel(
             if IS_LOCAL:
                 present = v >= 0
                 count += _rsum((present & valid[:, None]).to(tl.int32), axis=1)
-                v, _ = _table_lookup(cmp_tab_ptr, cmp_rows, cmp_cols, s_cmp0, s_cmp1,
-                                     req[:, None], v, present, cbs)
-            tl.store(out_ptr + n64[:, None] * s_out0 + (W_swa + j64) * s_out1,
-                     _remap(v, cbs, cspan), mask=m)
+                v = _lookup_remapped(cmp_tab_ptr, cmp_rows, cmp_cols, s_cmp0, s_cmp1,
+                                     req[:, None], v, present, True, cbs, cspan)
+            else:
+                v = _remap(v, cbs, cspan)
+            tl.store(out_ptr + n64[:, None] * s_out0 + (W_swa + j64) * s_out1, v, mask=m)
+        if ONE_SWA_STEP:
+            tl.store(out_ptr + n64[:, None] * s_out0 + js64 * s_out1, _remap(v_swa, sbs, sspan), mask=ms)
+        else:
+            for j0 in range(0, W_swa, BLOCK_W):
+                j = j0 + tl.arange(0, BLOCK_W)
+                m = nmask[:, None] & (j < W_swa)[None, :]
+                j64 = j.to(tl.int64)[None, :]
+                v = tl.load(dswa_ptr + n64[:, None] * s_dswa0 + j64 * s_dswa1, mask=m, other=-1)
+                tl.store(out_ptr + n64[:, None] * s_out0 + j64 * s_out1, _remap(v, sbs, sspan), mask=m)
         if IS_LOCAL:
             c_len = count
-        elif HAS_DLENS:
-            c_len = tl.load(dlens_ptr + n64 * s_dlens, mask=nmask, other=0)
-        else:
+        elif not GIVEN_LENS:
             c_len = tl.full([BLOCK_R], 0, tl.int32) + K_dec
         c_len = tl.where(K_dec == 0, 0, c_len)
         tl.store(lens_ptr + n64 * s_lens, W_swa + c_len, mask=nmask)
@@ -517,28 +558,32 @@ def _flashinfer_mixed_kernel(
         k_len = tl.minimum((pos + 1) // tl.maximum(CR, 1), topk)  # truncating division
         k_len = tl.where(CR > 0, k_len, 0)
         req2 = req[:, None]
-        kmax = tl.minimum(k_len, K_pre)[:, None]  # compressed columns read: j < min(K_pre, k_len)
+        kmax = tl.minimum(k_len, K_pre)[:, None]  # compressed columns kept: j < min(K_pre, k_len)
+        # Compressed columns first, and their reads do not wait for the request's lengths:
+        # the whole row of local indices is read (masked to the row's K_pre columns only, so
+        # the load stays one 16-byte vector per four columns) and looked up, and the columns
+        # past k_len are set to -1 afterwards.  A store keeps every later load behind it (the
+        # compiler cannot know the output does not alias an input), so in this order a row
+        # waits on three reads one after another (token -> request lengths -> SWA table)
+        # where the SWA-first order waited on five.
+        for j0 in range(0, PT, BLOCK_C):
+            j = j0 + tl.arange(0, BLOCK_C)
+            m = nmask[:, None] & (j < PT)[None, :]
+            j2 = j[None, :]
+            x = tl.load(ptk_ptr + p_o[:, None] * s_ptk0 + _offs(j2, OFF32) * s_ptk1,
+                        mask=m & (j2 < K_pre), other=-1)
+            v = _lookup_remapped(cmp_tab_ptr, cmp_rows, cmp_cols, s_cmp0, s_cmp1,
+                                 req2, x, x >= 0, j2 < kmax, cbs, cspan, OFF32)
+            tl.store(out_ptr + n_o[:, None] * s_out0 + _offs(W_swa + j2, OFF32) * s_out1, v, mask=m)
         # SWA columns j < swa_len: slot of position swa_start + j.
         for j0 in range(0, W_swa, BLOCK_W):
             j = j0 + tl.arange(0, BLOCK_W)
             m = nmask[:, None] & (j < W_swa)[None, :]
             j2 = j[None, :]
             in_swa = m & (j2 < swa_len[:, None])
-            slot, _ = _table_lookup(swa_tab_ptr, swa_rows, swa_cols, s_swa0, s_swa1,
-                                    req2, swa_start[:, None] + j2, in_swa, sbs, OFF32)
-            tl.store(out_ptr + n_o[:, None] * s_out0 + _offs(j2, OFF32) * s_out1,
-                     _remap(slot, sbs, sspan), mask=m)
-        # Compressed columns j < min(K_pre, k_len): local index -> compressed slot.
-        for j0 in range(0, PT, BLOCK_C):
-            j = j0 + tl.arange(0, BLOCK_C)
-            m = nmask[:, None] & (j < PT)[None, :]
-            j2 = j[None, :]
-            x = tl.load(ptk_ptr + p_o[:, None] * s_ptk0 + _offs(j2, OFF32) * s_ptk1,
-                        mask=m & (j2 < kmax), other=-1)
-            slot, _ = _table_lookup(cmp_tab_ptr, cmp_rows, cmp_cols, s_cmp0, s_cmp1,
-                                    req2, x, x >= 0, cbs, OFF32)
-            tl.store(out_ptr + n_o[:, None] * s_out0 + _offs(W_swa + j2, OFF32) * s_out1,
-                     _remap(slot, cbs, cspan), mask=m)
+            v = _lookup_remapped(swa_tab_ptr, swa_rows, swa_cols, s_swa0, s_swa1,
+                                 req2, swa_start[:, None] + j2, in_swa, True, sbs, sspan, OFF32)
+            tl.store(out_ptr + n_o[:, None] * s_out0 + _offs(j2, OFF32) * s_out1, v, mask=m)
         tl.store(lens_ptr + n64 * s_lens, W_swa + k_len, mask=nmask)
 
 

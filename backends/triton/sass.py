@@ -1,14 +1,16 @@
 """Instruction mix of the Triton kernels' ahead-of-time builds, no GPU needed.
 
-``python -m dsv41.backends.triton.sass [--top N] [--dump DIR] [--set K=V ...] [--num-warps N]
-[--from-label L] NAME_SUBSTRING ...``
+``python -m dsv41.backends.triton.sass [--top N] [--dump DIR] [--set K=V ...] [--one P,...]
+[--num-warps N] [--from-label L] NAME_SUBSTRING ...``
 
 Builds every AOT spec (``backends/triton/aot.py``) whose name contains one of the given
 substrings for sm_90, disassembles the cubin with the ``nvdisasm`` that ships with Triton and
 prints the number of SASS instructions (straight-line count: a loop body counts once), the
 warp-instructions issued per token where the program handles ``BLOCK_T`` tokens, and the most
 frequent opcodes.  ``--set`` / ``--num-warps`` build the specs with other constexprs / warps
-(e.g. a launch shape the sweep times); ``--from-label`` counts only the instructions from a
+(e.g. a launch shape the sweep times); ``--one`` builds integer parameters as the constant 1,
+which is what Triton's JIT does with an argument equal to 1 (a contiguous tensor's last
+stride), so the count is that of the build a launch runs; ``--from-label`` counts only the instructions from a
 SASS label to the end (e.g. ``.L_x_0``, the branch of a kernel that one kind of launch runs).
 Most of the cache kernels are issue-bound on the H200 rather than DRAM-bound (Nsight Compute: SM throughput
 ~80 % at 50 % DRAM), so the instruction count per element is the number to push down;
@@ -82,6 +84,8 @@ def main(argv=None) -> int:
     p.add_argument("--dump", metavar="DIR", help="also write each kernel's SASS there")
     p.add_argument("--set", type=_setting, action="append", default=[], metavar="NAME=VALUE",
                    help="build with this constexpr value instead (repeatable)")
+    p.add_argument("--one", action="append", default=[], metavar="P,...",
+                   help="integer parameters passed as 1, built as the JIT builds them (repeatable)")
     p.add_argument("--num-warps", type=int, metavar="N", help="build for N warps instead")
     p.add_argument("--from-label", metavar="LABEL", help="count from this SASS label on, e.g. .L_x_0")
     a = p.parse_args(argv)
@@ -91,17 +95,24 @@ def main(argv=None) -> int:
         print("no AOT spec matches", file=sys.stderr)
         return 2
     changes = dict(a.set)
+    ones = [n for arg in a.one for n in arg.split(",") if n]
     for spec in specs:
         unknown = sorted(set(changes) - set(spec.constexprs) - {k for k, t in spec.signature.items() if t == "constexpr"})
         if unknown:
             p.error(f"--set: {spec.name} has no constexpr {', '.join(unknown)}")
+        unknown = sorted(n for n in ones if spec.signature.get(n) not in aot.INT_TYPES)
+        if unknown:
+            p.error(f"--one: {spec.name} has no integer parameter {', '.join(unknown)}")
     for spec in specs:
-        if changes or a.num_warps:
-            tag = ",".join(f"{k}={v}" for k, v in changes.items())
+        if changes or ones or a.num_warps:
+            tag = ",".join([*(f"{k}={v}" for k, v in changes.items()), *(f"{n}=1" for n in ones)])
             if a.num_warps:
                 tag += f"{',' if tag else ''}{a.num_warps} warps"
             spec = dataclasses.replace(spec, name=f"{spec.name}{{{tag}}}",
-                                       constexprs={**spec.constexprs, **changes},
+                                       signature={k: "constexpr" if k in ones else t
+                                                  for k, t in spec.signature.items()},
+                                       constexprs={**spec.constexprs, **changes, **dict.fromkeys(ones, 1)},
+                                       divisible=tuple(d for d in spec.divisible if d not in ones),
                                        num_warps=a.num_warps or spec.num_warps)
         try:
             ops, sass = mix(spec, a.target, a.from_label)
