@@ -91,7 +91,6 @@ def _m(source: str, **shape) -> Measured:
 
 _S2, _S3, _S5 = "h200-sweep-2.txt", "h200-sweep-3.txt", "h200-sweep-5.jsonl"
 _S11 = "h100-sweep-11-index-builders.jsonl"
-_S12 = "h100-sweep-12-index-builders.jsonl"
 _S13 = "h100-sweep-13-norms.jsonl"
 
 TABLE: dict = {
@@ -140,9 +139,14 @@ TABLE: dict = {
     # index builders above decode sizes (decode sizes: one row per program, index_kernels._row_shape).
     # H100 sweep at 65536 rows: combine 1.00 of copy (bandwidth tiling 8 x 1024 x 4 warps: 0.85)
     "combine_topk_swa_indices": _m(_S11, BLOCK_R=4, BLOCK_C=256, num_warps=8),
-    # FlashInfer indices, H100 sweep at 65536 rows with the loop widths as constexprs: 0.98 of
-    # copy, 111 us (the previous 2 x 256 x 128: 0.84, 128 us; vLLM's kernel 122 us the same run)
-    "build_flashinfer_mixed_sparse_indices": _m(_S12, BLOCK_R=2, BLOCK_C=512, BLOCK_W=64, num_warps=4),
+    # FlashInfer indices: one row per program of one warp.  Issue is its bound where DRAM is
+    # fast (H200), and a row's prologue (token -> request -> lengths) runs in every thread that
+    # holds the row: sm_90 SASS of the prefill path, 518 warp-instructions per row against 980
+    # for 2 rows x 512 x 64 with 4 warps.  H100 sweeps of the current kernel, 65536 / 4096
+    # rows: 107.1 / 12.2 us against 113.1 / 13.3 for that shape, the best of the grid at both
+    # sizes (h100-sweep-30-flashinfer-4096.jsonl the other size).
+    "build_flashinfer_mixed_sparse_indices": _m("h100-sweep-30-flashinfer-65536.jsonl", BLOCK_R=1,
+                                                BLOCK_C=512, BLOCK_W=64, num_warps=1),
 }
 
 OVERRIDES: dict = Settings()
