@@ -335,6 +335,12 @@ def _flashinfer_args(gen, D, qlens, K_dec, local, with_lens, with_valid, spans, 
         (0, [5, 4], None, False, False, False, (None, None), 4),
         (5, [], 6, True, False, False, (None, 9), 4),
         (2, [3], 0, True, False, False, (None, None), 4),
+        # the compress ratio is a build constant: other powers of two, a divisor that is not
+        # one, and a negative ratio (no top-k columns)
+        (1, [5, 3], 7, False, True, False, (None, None), 1),
+        (1, [4, 6], 7, False, True, False, (None, None), 3),
+        (1, [6], 7, False, False, False, (None, None), 128),
+        (1, [3, 2], 7, False, False, False, (None, None), -4),
     ],
 )
 def test_flashinfer_random(D, qlens, K_dec, local, lens, valid, spans, cr):

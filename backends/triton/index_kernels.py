@@ -445,7 +445,7 @@ def combine_topk_swa_indices(
 
 @triton.jit(do_not_specialize=[
     "R", "swa_rows", "swa_cols", "sspan", "cmp_rows", "cmp_cols",
-    "cspan", "n_replay", "D", "P", "n_dec_tiles", "window", "CR", "topk",
+    "cspan", "n_replay", "D", "P", "n_dec_tiles", "window", "topk",
 ])
 def _flashinfer_mixed_kernel(
     dswa_ptr, s_dswa0, s_dswa1,
@@ -462,7 +462,7 @@ def _flashinfer_mixed_kernel(
     out_ptr, s_out0, s_out1,
     lens_ptr, s_lens,
     D, P, W_swa: tl.constexpr, PT: tl.constexpr, n_dec_tiles,
-    window, CR, topk,
+    window, CR: tl.constexpr, topk,
     HAS_DCI: tl.constexpr, HAS_DLENS: tl.constexpr, HAS_DVALID: tl.constexpr,
     IS_LOCAL: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
@@ -473,7 +473,9 @@ def _flashinfer_mixed_kernel(
     # leave most of its lanes masked off.  The page sizes sbs / cbs are constexprs, like the
     # top-k kernel's B: each element divides by them twice (table lookup, span remap), a
     # shift and a mask for a power of two instead of an integer division (a model has one or
-    # two page sizes, so one or two builds).
+    # two page sizes, so one or two builds).  The compress ratio CR is one too, as in vLLM's
+    # kernel: a row's top-k length divides by it, a shift for a power of two where a run-time
+    # divisor costs an integer-division sequence in every thread (a model has one or two).
     launch.pdl_prologue(PDL)
     pid = tl.program_id(0)
     if pid < n_dec_tiles:
@@ -555,8 +557,10 @@ def _flashinfer_mixed_kernel(
         pos = L - (qe - qs) + (n - qs)
         swa_start = tl.maximum(tl.maximum(pos - window + 1, 0), rs)
         swa_len = pos - swa_start + 1  # may be <= 0 when replay_start > pos
-        k_len = tl.minimum((pos + 1) // tl.maximum(CR, 1), topk)  # truncating division
-        k_len = tl.where(CR > 0, k_len, 0)
+        if CR > 0:
+            k_len = tl.minimum((pos + 1) // CR, topk)  # truncating division
+        else:
+            k_len = zero
         req2 = req[:, None]
         kmax = tl.minimum(k_len, K_pre)[:, None]  # compressed columns kept: j < min(K_pre, k_len)
         # Compressed columns first, and their reads do not wait for the request's lengths:
@@ -715,7 +719,8 @@ def _register_aot() -> None:
     for dci, dlens, dvalid, local in ((True, True, False, False), (True, False, True, True),
                                       (False, False, False, False)):
         c = {"HAS_DCI": dci, "HAS_DLENS": dlens, "HAS_DVALID": dvalid, "IS_LOCAL": local,
-             "BLOCK_R": 16, "BLOCK_C": 256, "BLOCK_W": 128, "sbs": 64, "cbs": 64, "W_swa": 128, "PT": 512}
+             "BLOCK_R": 16, "BLOCK_C": 256, "BLOCK_W": 128, "sbs": 64, "cbs": 64, "W_swa": 128, "PT": 512,
+             "CR": 4}
         tag = "".join(k[0] if v else "-" for k, v in (("d", dci), ("l", dlens), ("v", dvalid), ("L", local)))
         register(AotSpec(f"index_kernels._flashinfer_mixed_kernel[{tag}]", _flashinfer_mixed_kernel,
                          _aot_signature(_flashinfer_mixed_kernel, p), c, num_warps=_NUM_WARPS,
