@@ -141,9 +141,10 @@ def test_sass_instruction_mix():
 
 @pytest.mark.skipif(_interpreted(), reason="compiled kernels only (run without TRITON_INTERPRET)")
 def test_sass_cli_other_shapes_and_one_branch():
-    """``sass --set K=V --num-warps N --from-label L``: the spec is built with the given
-    constexprs and warps (its name says so), the count from a label is part of the whole
-    kernel's, and a constexpr the kernel lacks or a label its SASS lacks is a usage error."""
+    """``sass --set K=V --one P --num-warps N --from-label L``: the spec is built with the given
+    constexprs, unit integer parameters and warps (its name says so), the count from a label is
+    part of the whole kernel's, and a constexpr the kernel lacks, an integer parameter it lacks
+    or a label its SASS lacks is a usage error."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     name = "_flashinfer_mixed_kernel[----]"
 
@@ -169,3 +170,10 @@ def test_sass_cli_other_shapes_and_one_branch():
     assert bad.returncode == 2 and "label '.L_no_such_label' not in the SASS" in bad.stderr
     bad = run("--set", "BLOCK_R")
     assert bad.returncode == 2 and "--set takes NAME=VALUE" in bad.stderr
+    # --one: integer parameters built as the constant 1, as the JIT builds an argument equal
+    # to 1 (contiguous strides): another build, named so, with fewer instructions
+    line, unit = count(run(*shape, "--one", "s_out1,s_ptk1", "--one", "s_cmp1"))
+    assert "s_out1=1,s_ptk1=1,s_cmp1=1,2 warps}" in line, line
+    assert unit < whole
+    bad = run("--one", "BLOCK_R")  # a constexpr, not an integer argument
+    assert bad.returncode == 2 and "has no integer parameter BLOCK_R" in bad.stderr

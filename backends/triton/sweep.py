@@ -116,11 +116,10 @@ SPACES = {
         "compute_global_topk_indices_and_lens"),
     # the row builders: one row per program (vLLM's shape) up to the bandwidth tiling
     # One and two warps too: every thread of a program repeats the per-row prologue (the
-    # request's values, positions, the division by CR), so fewer warps per row issue fewer
-    # instructions per row.  Where DRAM is fast, issue looks like the FlashInfer kernel's
-    # bound: 107 us at 65536 rows on the H200 and 111 on the H100 (0.73 of the H200's copy);
-    # sm_90 SASS of its prefill path at 2 rows x 512 x 128: 1174 warp-instructions per row
-    # with 4 warps, 901 with 2, 796 with 1 (docs/performance.md, "The index builders").
+    # request's values, positions), so fewer warps per row issue fewer instructions per row,
+    # which is what bounds the FlashInfer kernel where DRAM is fast (docs/performance.md, "The
+    # index builders since the table": 490 warp-instructions per row with one warp, 762 for
+    # 2 rows x 4 warps).
     "combine_topk_swa_indices": (("index", "combine_topk_swa_indices"),
                                  _grid(BLOCK_R=(1, 2, 4, 8), BLOCK_C=(256, 512, 1024), num_warps=(1, 2, 4, 8))),
     "build_flashinfer_mixed_sparse_indices": (("index", "build_flashinfer_mixed_sparse_indices"),
