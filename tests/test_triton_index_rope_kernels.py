@@ -350,6 +350,29 @@ def test_flashinfer_random(D, qlens, K_dec, local, lens, valid, spans, cr):
     _check_index_op("build_flashinfer_mixed_sparse_indices", args)
 
 
+@pytest.mark.parametrize("sbs,cbs", [(16, 8), (12, 6), (64, 48)])
+@pytest.mark.parametrize("local", [False, True])
+def test_flashinfer_table_entries_near_int32(sbs, cbs, local):
+    """Every block-table entry through the lookup and the span remap, the page sizes powers of
+    two (one step: the slot's page is the entry, its sign the entry's bit 31 - k) or not (two
+    steps): entries whose ``entry * block_size`` is just inside, at and past int32, negative,
+    and INT32_MAX, against the reference's int32 arithmetic."""
+    gen = torch.Generator().manual_seed(sbs * 3 + cbs + local)
+    args = _flashinfer_args(gen, 3, [5, 4], 11, local, False, False, (20, 7), sbs=sbs, cbs=cbs)
+    edges = []
+    for b in (sbs, cbs):
+        lim = (2**31 - 1) // b
+        edges += [lim - 1, lim, lim + 1, 2 * lim + 1, -1, -lim - 1]
+    edges = torch.tensor(edges + [2**31 - 1, -(2**31)], dtype=I32)
+    for key in ("swa_block_table", "compressed_block_table"):
+        t = args[key]
+        flat = torch.randint(0, len(edges), (t.numel(),), generator=gen)
+        pick = torch.rand(t.numel(), generator=gen) < 0.5
+        vals = torch.where(pick, edges[flat], t.reshape(-1))
+        t.copy_(vals.view(t.shape))
+    _check_index_op("build_flashinfer_mixed_sparse_indices", args)
+
+
 def test_flashinfer_worked_example_and_empty():
     # cache_ops.md §7 worked example: D = 0, one prefill token, seq 4, window 4, W_swa 8.
     args = dict(
