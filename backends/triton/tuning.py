@@ -141,10 +141,10 @@ TABLE: dict = {
     "combine_topk_swa_indices": _m(_S11, BLOCK_R=4, BLOCK_C=256, num_warps=8),
     # FlashInfer indices: one row per program of one warp.  Issue is its bound where DRAM is
     # fast (H200), and a row's prologue (token -> request -> lengths) runs in every thread that
-    # holds the row: sm_90 SASS of the prefill path, 518 warp-instructions per row against 980
-    # for 2 rows x 512 x 64 with 4 warps.  H100 sweeps of the current kernel, 65536 / 4096
-    # rows: 107.1 / 12.2 us against 113.1 / 13.3 for that shape, the best of the grid at both
-    # sizes (h100-sweep-30-flashinfer-4096.jsonl the other size).
+    # holds the row: sm_90 SASS of the prefill path, 490 warp-instructions per row against 762
+    # for 2 rows x 512 x 64 with 4 warps.  H100 sweeps (the kernel with CR still a run-time
+    # value), 65536 / 4096 rows: 107.1 / 12.2 us against 113.1 / 13.3 for that shape, the best
+    # of the grid at both sizes (h100-sweep-30-flashinfer-4096.jsonl the other size).
     "build_flashinfer_mixed_sparse_indices": _m("h100-sweep-30-flashinfer-65536.jsonl", BLOCK_R=1,
                                                 BLOCK_C=512, BLOCK_W=64, num_warps=1),
 }
