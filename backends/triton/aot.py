@@ -137,11 +137,15 @@ def _compile(spec: AotSpec, target):
 INT_TYPES = ("i32", "i64", "u32", "u64")  # signature types of integer scalar parameters
 
 
-def as_ones(spec: AotSpec) -> AotSpec:
-    """``spec`` with every integer scalar parameter set to 1: how Triton's JIT passes an
-    integer argument equal to 1 (a constexpr, a Python int in the kernel body), so a body that
-    calls a tensor method on such a parameter fails to build here, as it would at run time."""
+def as_ones(spec: AotSpec, names=None) -> AotSpec:
+    """``spec`` with its integer scalar parameters ``names`` (default: every one) set to 1: how
+    Triton's JIT passes an integer argument equal to 1 (a constexpr, a Python int in the kernel
+    body), so a body that calls a tensor method on such a parameter fails to build here, as it
+    would at run time, and an instruction count is that of the build a launch runs.  Named
+    ``[ints=1]`` for every parameter; the caller names a build of some of them."""
     ints = {a for a, t in spec.signature.items() if t in INT_TYPES}
+    if names is not None:
+        ints &= set(names)
     return dataclasses.replace(
         spec, name=spec.name + "[ints=1]",
         signature={a: ("constexpr" if a in ints else t) for a, t in spec.signature.items()},

@@ -108,11 +108,9 @@ def main(argv=None) -> int:
             tag = ",".join([*(f"{k}={v}" for k, v in changes.items()), *(f"{n}=1" for n in ones)])
             if a.num_warps:
                 tag += f"{',' if tag else ''}{a.num_warps} warps"
-            spec = dataclasses.replace(spec, name=f"{spec.name}{{{tag}}}",
-                                       signature={k: "constexpr" if k in ones else t
-                                                  for k, t in spec.signature.items()},
-                                       constexprs={**spec.constexprs, **changes, **dict.fromkeys(ones, 1)},
-                                       divisible=tuple(d for d in spec.divisible if d not in ones),
+            spec = aot.as_ones(spec, ones) if ones else spec
+            spec = dataclasses.replace(spec, name=f"{spec.name.removesuffix('[ints=1]')}{{{tag}}}",
+                                       constexprs={**spec.constexprs, **changes},
                                        num_warps=a.num_warps or spec.num_warps)
         try:
             ops, sass = mix(spec, a.target, a.from_label)
