@@ -18,8 +18,13 @@ directory: vLLM's own op files from the archive tools/vllm_gpu_pack.sh builds fr
 
 Device time: CUDA events around one eager call, L2 flushed and the launch queued behind a
 short device sleep (as ``python -m dsv41 bench``), median of ``--iters`` calls after warm-up.
+``--graph``: also µs per call replayed from a CUDA graph at sizes up to 64 tokens, as ``python
+-m dsv41 bench`` times it (16 calls per graph, median over replays), each side captured during
+its own pass.
 Host time: wall time of ``--host-calls`` back-to-back eager calls at 64 tokens, per call, the
-median of five such blocks.
+median of seven such blocks per side, the two sides' blocks taken in turn once both are loaded
+(a host that slows down mid-run charges both alike; the figures taken during each side's own
+pass are kept in the JSON as ``*_host_us_alone``).
 
     python tests/vllm_gpu/side_by_side.py --archive .device/vllm033-ops.tar.xz --out $OUT
     TRITON_INTERPRET=1 python tests/vllm_gpu/side_by_side.py --smoke   # CPU, tiny sizes
@@ -202,6 +207,7 @@ class Timer:
         self.cuda = device.type == "cuda"
         self.stand_in = False
         self.flush = None
+        self.graphs = None  # dsv41.tools.bench's timer, for CUDA-graph replay (--graph)
         if self.cuda:
             l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
             self.flush = torch.empty(max(2 * l2, 128 << 20), dtype=torch.uint8, device=device)
@@ -250,8 +256,86 @@ class Timer:
             self.sync()
         return statistics.median(blocks)
 
+    def host_us_in_turn(self, calls: dict, before_block, rounds: int = 7) -> dict:
+        """``host_us`` for several calls at once, their blocks taken in turn (a round is one
+        block of each, the order reversed every other round), so that a host whose speed drifts
+        during the run (other tenants, clocks) charges every side alike: median per side.
+        ``before_block(side)`` runs untimed before each of that side's blocks."""
+        for side, call in calls.items():
+            before_block(side)
+            for _ in range(3):
+                call()
+        self.sync()
+        blocks = {side: [] for side in calls}
+        for i in range(rounds):
+            for side in (list(calls) if i % 2 == 0 else list(reversed(calls))):
+                call = calls[side]
+                before_block(side)
+                t0 = time.perf_counter()
+                for _ in range(self.host_calls):
+                    call()
+                blocks[side].append((time.perf_counter() - t0) / self.host_calls * 1e6)
+                self.sync()
+        return {side: statistics.median(b) for side, b in blocks.items()}
+
 
 # ----------------------------------------------------------------------------- run
+
+
+GRAPH_MAX_TOKENS = 64  # the bench's decode sizes: CUDA-graph replay there
+
+
+def graph_us(timer, call, row: dict, side: str):
+    """µs per call replayed from a CUDA graph of the bench's ``GRAPH_CALLS`` calls (the same
+    method as ``python -m dsv41 bench``); None, with a note in the row, where capture fails.
+    Each side is captured during its own pass: vLLM's before the plugin routes its names."""
+    from dsv41.tools import bench
+
+    try:
+        return timer.graphs.graph(call) * 1e6
+    except Exception as exc:  # one op's capture failing must not hide the others
+        bench._recover(timer.graphs)
+        row.setdefault("graph_note", f"{side}: capture failed: {type(exc).__name__}: {str(exc)[:200]}")
+        return None
+
+
+def host_in_turn(torch, before: dict, after: dict, tokens: int, timer, device, rows: dict, only):
+    """Host µs per eager call of both sides at ``tokens`` tokens, measured in turn once the
+    plugin has routed.  Before each vLLM block every name the plugin rebound holds vLLM's
+    object again (vLLM's public functions call routed helpers through their module's names),
+    and dsv41's before each dsv41 block."""
+    from dsv41.integrations import vllm_plugin
+
+    bindings = list(vllm_plugin._bindings)  # (module, attribute, vLLM's object, dsv41's object)
+
+    def names(side):
+        for mod, attr, old, new in bindings:
+            setattr(mod, attr, old if side == "vllm" else new)
+
+    try:
+        for case in CASES:
+            label = case[0]
+            row = rows.get((label, tokens))
+            if (only and not any(o in label for o in only)) or row is None or row.get("skipped") \
+                    or row.get("error") or label not in before or label not in after:
+                continue
+            calls = {}
+            for side, fn in (("vllm", before[label]), ("dsv41", after[label])):
+                args, kwargs = build_args(torch, case, tokens, device)
+                calls[side] = (lambda fn=fn, args=args, kwargs=kwargs: fn(*args, **kwargs))
+            try:
+                got = timer.host_us_in_turn(calls, names)
+            except Exception as exc:
+                row["error"] = f"host: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+                continue
+            for side, us in got.items():
+                row[f"{side}_host_us_alone"] = row.get(f"{side}_host_us")
+                row[f"{side}_host_us"] = us
+            del calls
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    finally:
+        names("dsv41")
 
 
 def run_side(torch, side: str, funcs: dict, sizes, timer, device, keep: dict, rows: dict, only):
@@ -295,6 +379,8 @@ def run_side(torch, side: str, funcs: dict, sizes, timer, device, keep: dict, ro
                     del keep[(label, tokens)]
                 del got, result
                 row[f"{side}_us"] = timer.device_us(lambda: fn(*args, **kwargs))
+                if timer.graphs is not None and tokens <= GRAPH_MAX_TOKENS:
+                    row[f"{side}_graph_us"] = graph_us(timer, lambda: fn(*args, **kwargs), row, side)
                 if tokens == 64 or (device.type == "cpu" and tokens == max(sizes)):
                     row[f"{side}_host_us"] = timer.host_us(lambda: fn(*args, **kwargs))
                 del args, kwargs
@@ -310,8 +396,10 @@ def table(rows: list) -> str:
     def f(x, spec=".1f"):
         return "-" if x is None else format(x, spec)
 
+    graphs = any("vllm_graph_us" in r or "dsv41_graph_us" in r for r in rows)
     lines = [f"{'op':28s} {'tokens':>6s} {'vLLM us':>9s} {'dsv41 us':>9s} {'ratio':>6s}  "
-             f"{'host vLLM':>9s} {'host dsv41':>10s}  bytes"]
+             f"{'host vLLM':>9s} {'host dsv41':>10s}  "
+             + (f"{'graph vLLM':>10s} {'graph dsv41':>11s}  " if graphs else "") + "bytes"]
     for r in rows:
         if r.get("skipped"):
             lines.append(f"{r['op']:28s} {r['tokens']:6d}  skipped: {r['skipped']}")
@@ -326,8 +414,12 @@ def table(rows: list) -> str:
             b = f"DIFFER: {r['differing_bytes']} of {r.get('compared_bytes', '?')} B {r.get('note', '')}".rstrip()
         else:
             b = "-"
+        g = (f"{f(r.get('vllm_graph_us'), '.2f'):>10s} {f(r.get('dsv41_graph_us'), '.2f'):>11s}  "
+             if graphs else "")
+        if r.get("graph_note"):
+            b += f"; graph: {r['graph_note']}"
         lines.append(f"{r['op']:28s} {r['tokens']:6d} {f(v):>9s} {f(d):>9s} {f(ratio, '.2f'):>6s}  "
-                     f"{f(r.get('vllm_host_us')):>9s} {f(r.get('dsv41_host_us')):>10s}  {b}")
+                     f"{f(r.get('vllm_host_us')):>9s} {f(r.get('dsv41_host_us')):>10s}  {g}{b}")
     return "\n".join(lines) + "\n"
 
 
@@ -339,6 +431,8 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, help="timed calls per size (default 50; --smoke: 2)")
     p.add_argument("--host-calls", type=int, help="back-to-back calls for host time (default 200; --smoke: 3)")
     p.add_argument("--only", nargs="+", help="only the ops whose label contains one of these")
+    p.add_argument("--graph", action="store_true",
+                   help=f"also CUDA-graph replay of both sides at sizes up to {GRAPH_MAX_TOKENS} tokens")
     p.add_argument("--smoke", action="store_true", help="CPU, Triton's interpreter (TRITON_INTERPRET=1), tiny sizes")
     p.add_argument("--stand-in-driver", action="store_true",
                    help="CPU: kernels compiled for sm_90, nothing launched, host time only")
@@ -389,6 +483,12 @@ def main(argv=None) -> int:
 
     timer = Timer(torch, device, iters, host_calls)
     timer.stand_in = a.stand_in_driver
+    if a.graph:
+        if device.type != "cuda":
+            p.error("--graph needs a CUDA GPU")
+        from dsv41.tools import bench
+
+        timer.graphs = bench._Timer(device, iters, 1.0)
     rows, keep = {}, {}
     before = {c[0]: resolve(c[1], c[2]) for c in CASES}
     print(f"vLLM {vllm.__version__} stand-in at {stand_in}; device {device}")
@@ -427,6 +527,9 @@ def main(argv=None) -> int:
             if op in triton_backend.kernels:
                 getattr(_calls.ops, op).kernels[device] = triton_backend.load(op)
     run_side(torch, "dsv41", after, sizes, timer, device, keep, rows, a.only)
+    host_tokens = 64 if 64 in sizes else max(sizes) if device.type == "cpu" else None
+    if host_tokens is not None:
+        host_in_turn(torch, before, after, host_tokens, timer, device, rows, a.only)
 
     ordered = list(rows.values())
     bad = [r for r in ordered if not r.get("skipped") and (r.get("error") or r.get("bytes_equal") is False)]
@@ -445,7 +548,9 @@ def main(argv=None) -> int:
         "iters": iters,
         "host_calls": host_calls,
         "timing": "device: CUDA events, cold L2, launch queued behind a device sleep, median; "
-                  "host: wall time per eager call over back-to-back calls at 64 tokens",
+                  "host: wall time per eager call over back-to-back calls at 64 tokens, "
+                  "both sides' blocks in turn"
+                  + ("; graph: CUDA-graph replay of 16 calls, median per call, sizes <= 64" if a.graph else ""),
         "rows": ordered,
         "problems": len(bad),
     }
