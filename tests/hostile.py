@@ -97,6 +97,15 @@ INTERP_TIMEOUT, NATIVE_TIMEOUT = 60.0, 20.0
 HOST_IMPLS = ("reference", "cpu")  # validate always; everything else is a GPU kernel
 
 
+def positions_past_the_table(rows: int) -> torch.Tensor:
+    """int64 positions at and past both ends of a ``rows``-row cos/sin table and of int32 /
+    uint32, for the kernels' clamp into the table (a position outside it reads the nearest row,
+    docs/bad_input.md): one that clamps only a position's low word, or compares in int32,
+    reads another row for some of them."""
+    return torch.tensor([-2**63, -2**32 - 5, -2**32, -2**31 - 1, -2**31, -1, 0, 1, rows - 1, rows,
+                         rows + 7, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**32 + 3, 2**63 - 1])
+
+
 # ============================================================================ the enumeration
 #
 # Classes of a hostile value (what the value means for the op):

@@ -28,6 +28,7 @@ import pytest
 import torch
 
 import golden  # noqa: E402  (tests/ is on sys.path)
+from hostile import positions_past_the_table  # noqa: E402
 
 pytest.importorskip("triton")
 
@@ -590,6 +591,26 @@ def test_indexer_k_store_empty(flavour):
     args = _indexer_args(False, False, 0, 1)
     args[6] = args[6][:0]
     _both(CK.indexer_k_norm_rope_store, ref_indexer.indexer_k_norm_rope_store, args, [5])
+
+
+@pytest.mark.parametrize("cr", [1, 2])
+@pytest.mark.parametrize("op", ["rope_quant_insert", "indexer_k_norm_rope_store"])
+def test_positions_outside_the_table_read_the_nearest_row(flavour, op, cr):
+    """docs/bad_input.md: a position outside the cos/sin table reads the table's nearest row
+    (CR 2: and closes a group as that row's position would): the bytes of the same call with
+    the positions clamped into the table, which the reference checks."""
+    if op == "rope_quant_insert":
+        args, out = _rope_args(528, cr, False, seed=21), 3
+        kernel, ref = CK.rope_quant_insert, ref_compress.rope_quant_insert
+    else:
+        args, out = _indexer_args(False, False, 0, cr, seed=21), 5
+        kernel, ref = CK.indexer_k_norm_rope_store, ref_indexer.indexer_k_norm_rope_store
+    bad = positions_past_the_table(args[2].shape[0])
+    args[1] = args[1].clone()
+    args[1][: bad.numel()] = bad
+    clamped = args[1].clamp(0, args[2].shape[0] - 1)
+    _both(kernel, lambda *a: kernel(a[0], clamped, *a[2:]), args, [out])
+    _both(kernel, ref, [args[0], clamped] + args[2:], [out])
 
 
 # --------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ import pytest
 import torch
 
 import golden  # noqa: E402  (tests/ is on sys.path)
+from hostile import positions_past_the_table  # noqa: E402
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
@@ -645,6 +646,30 @@ def test_indexer_q_odd_offset(mode):
 def test_indexer_q_empty():
     pos, q, w = _indexer_q_inputs(1, 4)
     _check_indexer_q(pos[:0], q[:0], _cos_sin_cache(), w[:0], False, False, F32)
+
+
+@pytest.mark.parametrize("rows", [64, 1])  # 1: every position reads row 0
+@pytest.mark.parametrize("op", ["indexer_q_fp8", "indexer_q_mxfp4", "inv_rope"])
+def test_rope_positions_outside_the_table_read_the_nearest_row(op, rows):
+    """docs/bad_input.md: a position outside the cos/sin table reads the table's nearest row
+    (the bytes of the same call with the positions clamped into it, which the reference
+    checks); nothing outside the outputs is written (canary-padded outputs)."""
+    cache = _cos_sin_cache(max_pos=rows)
+    bad = positions_past_the_table(cache.shape[0])
+    clamped = bad.clamp(0, cache.shape[0] - 1)
+    T = bad.numel()
+    if op == "inv_rope":
+        o, _ = _inv_rope_input(T, 8, 128, 64, seed=11, nonfinite=False)
+        args = (cache, 2, 4, 64, 64, 32, True, True, False)
+        want = _check_inv_rope(o, clamped, *args)
+        got = _run_inv_rope(rope().fused_inv_rope_fp8_quant, o, bad, *args)
+    else:
+        fp4 = op == "indexer_q_mxfp4"
+        _, q, w = _indexer_q_inputs(T, 2, seed=12, mxfp4=fp4)
+        want = _check_indexer_q(clamped, q, cache, w, fp4, False, F32)
+        got = _run_indexer_q(rope().fused_indexer_q_rope_quant, bad, q, cache, w, fp4, False, F32)
+    for g, r in zip(got, want):
+        assert torch.equal(_storage(g), _storage(r))
 
 
 # ============================================================= fused_inv_rope_fp8_quant

@@ -62,6 +62,7 @@ from dsv41.core.formats import RECORDS
 
 from . import conversions, launch, tuning
 from .bound import bind
+from .positions import table_row
 from .aot import AotSpec, register
 from .numerics import (  # noqa: F401  (the kernels below call them; tests reach some here)
     _neg,
@@ -222,8 +223,7 @@ def _position(pos_ptr, t, tmask, cs_rows):
     """Positions (int64) of the tokens ``t``, clamped into the cos/sin table (``cs_rows >=
     1``): a position outside it reads its nearest row, never past the table, as in every GPU
     kernel that reads cos/sin (docs/bad_input.md)."""
-    pos = tl.load(pos_ptr + t, mask=tmask, other=0).to(tl.int64)
-    return tl.minimum(tl.maximum(pos, 0), cs_rows - 1)
+    return table_row(tl.load(pos_ptr + t, mask=tmask, other=0).to(tl.int64), cs_rows).to(tl.int64)
 
 
 @triton.jit

@@ -40,6 +40,7 @@ from dsv41.reference.output_quant import vllm_norm_layout
 
 from . import conversions, launch, tuning
 from .bound import bind
+from .positions import table_row
 from .reductions import _fold_halves, _rmax, _warp_sum32
 from .numerics import (  # noqa: F401
     _neg_sign_bit,
@@ -158,12 +159,8 @@ def _mxfp4_blocks(e, o, out_ptr, orow, b_ptr, th_m, PTX: tl.constexpr,
 
 @triton.jit
 def _table_row(p_ptr, mask, rows, IDX: tl.constexpr):
-    """The cos/sin row each position names, clamped into ``[0, rows)`` (``rows >= 1``): a
-    position outside the table reads its nearest row, never past the table
-    (docs/bad_input.md).  Clamped before the cast to IDX, so an int64 position past int32
-    cannot wrap into the table."""
-    p = tl.load(p_ptr, mask=mask, other=0).to(tl.int64)
-    return tl.minimum(tl.maximum(p, 0), rows - 1).to(IDX)
+    """The cos/sin row of each position at ``p_ptr`` (``positions.table_row``), as IDX."""
+    return table_row(tl.load(p_ptr, mask=mask, other=0).to(tl.int64), rows).to(IDX)
 
 
 @triton.jit(do_not_specialize=["T", "H"])
