@@ -14,6 +14,13 @@
 #     hostile   the hostile-index matrix (tests/hostile.py: every op x index argument x
 #               out-of-range value) for every CUDA implementation under compute-sanitizer
 #               memcheck, one process per implementation (HOSTILE_IMPLS narrows)
+#     baseline  the current code against an earlier commit's, benched in turn on this machine
+#               (docs/performance.md "Against the last table"): BASELINE_ARCHIVE (default
+#               .device/baseline.txz) is `git archive REV dsv41 backends pyproject.toml
+#               README.md | xz`, carried to the host; BASELINE_RUNS the order of the runs
+#               (default "new old new old"); BENCH_ARGS the bench's arguments (e.g.
+#               "--no-reference --tokens 1 8 64 --op fused_indexer_q_rope_quant"); the rows
+#               compared by tools/bench_compare.py in baseline-compare.txt
 #     vllm      vLLM 0.33.0's own DeepSeek V4/V4.1 kernels and the dsv41 ops its plugin routes
 #               to, side by side through the same vLLM names: bytes and time
 #               (tests/vllm_gpu/side_by_side.py; needs .device/vllm033-ops.tar.xz from
@@ -114,6 +121,35 @@ for step in $STEPS; do
         grep -E "^FAIL|== summary|ERROR SUMMARY" "$OUT/hostile-$impl.txt" | tee -a "$OUT/hostile.txt"
         rm -f "$OUT/hostile-$impl.txt"
       done ;;
+    baseline)
+      # The baseline is installed beside the current code and put ahead of it on PYTHONPATH
+      # for its runs; its CPU kernels build in a cache of their own.
+      base=/tmp/dsv41-baseline
+      rm -rf "$base" && mkdir -p "$base/src"
+      if ! { tar -C "$base/src" -xJf "${BASELINE_ARCHIVE:-.device/baseline.txz}" &&
+             python -m pip install -q --no-deps --no-build-isolation --target "$base/site" "$base/src"; } \
+           > "$OUT/baseline-install.txt" 2>&1; then
+        echo "baseline: install failed"; tail -5 "$OUT/baseline-install.txt"; continue
+      fi
+      declare -A nth=([new]=0 [old]=0)
+      for side in ${BASELINE_RUNS:-new old new old}; do
+        [[ $side == new || $side == old ]] || { echo "baseline: run '$side' is neither new nor old"; continue; }
+        nth[$side]=$(( ${nth[$side]} + 1 )); name=$side-${nth[$side]}
+        nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader \
+          | sed "s/^/$name: /" >> "$OUT/clocks.txt" 2>&1
+        if [[ $side == old ]]; then
+          env PYTHONPATH="$base/site" DSV41_CACHE_DIR="$base/cache" timeout "$LIMIT" \
+            $PY -m dsv41 bench --device cuda ${BENCH_ARGS:-} --json "$OUT/baseline-$name.json" > /dev/null 2> "$OUT/baseline-$name.err"
+        else
+          timeout "$LIMIT" $PY -m dsv41 bench --device cuda ${BENCH_ARGS:-} --json "$OUT/baseline-$name.json" \
+            > /dev/null 2> "$OUT/baseline-$name.err"
+        fi
+        echo "baseline $name rc=$?"
+      done
+      python tools/bench_compare.py --base "$OUT"/baseline-old-*.json --new "$OUT"/baseline-new-*.json \
+        > "$OUT/baseline-compare.txt" 2>&1
+      echo "compare rc=$? (1: a row slower by more than the limit)" >> "$OUT/baseline-compare.txt"
+      tail -40 "$OUT/baseline-compare.txt" ;;
     vllm)
       # vLLM is not installed here: the harness lays vLLM's op files from the archive and
       # tests/vllm_gpu/shims out as a stand-in package in a temporary directory
