@@ -83,6 +83,19 @@ def _permute_bits(t: torch.Tensor, dim: int, perm: torch.Tensor) -> torch.Tensor
 # --------------------------------------------------------------------------- permutations
 
 
+def _chunk_major(fn: str, heads_name: str, heads: int, head_dim: int, chunk: int, device) -> torch.Tensor:
+    """Standard index ``h·D + c·chunk + j`` enumerated in fused order ``(c, h, j)``: Q (§6.1,
+    all heads) and O (§6.2, the heads of one group) interleave their chunks the same way."""
+    _check_int(fn, heads_name, heads)
+    _check_int(fn, "head_dim", head_dim)
+    _check_int(fn, "chunk", chunk)
+    _check_divides(fn, head_dim, chunk)
+    c = torch.arange(head_dim // chunk, device=device).view(-1, 1, 1)
+    h = torch.arange(heads, device=device).view(1, -1, 1)
+    j = torch.arange(chunk, device=device).view(1, 1, -1)
+    return (h * head_dim + c * chunk + j).reshape(-1)
+
+
 def q_fused_permutation(
     num_heads: int,
     head_dim: int = HEAD_DIM,
@@ -94,16 +107,7 @@ def q_fused_permutation(
     Standard index ``h·D + d`` lands at fused index ``(d // chunk)·(H·chunk) + h·chunk + d % chunk``;
     so fused index ``f = c·(H·chunk) + h·chunk + j`` reads standard ``h·D + c·chunk + j``.
     """
-    fn = "q_fused_permutation"
-    _check_int(fn, "num_heads", num_heads)
-    _check_int(fn, "head_dim", head_dim)
-    _check_int(fn, "chunk", chunk)
-    _check_divides(fn, head_dim, chunk)
-    c = torch.arange(head_dim // chunk, device=device).view(-1, 1, 1)
-    h = torch.arange(num_heads, device=device).view(1, -1, 1)
-    j = torch.arange(chunk, device=device).view(1, 1, -1)
-    # enumerate in fused order (c, h, j) -> standard index
-    return (h * head_dim + c * chunk + j).reshape(-1)
+    return _chunk_major("q_fused_permutation", "num_heads", num_heads, head_dim, chunk, device)
 
 
 def o_fused_permutation(
@@ -116,16 +120,9 @@ def o_fused_permutation(
 
     Standard index ``h·D + c·chunk + j`` lands at fused index ``(c·G + h)·chunk + j``.
     """
-    fn = "o_fused_permutation"
-    _check_int(fn, "heads_per_group", heads_per_group)
-    _check_int(fn, "head_dim", head_dim)
-    _check_int(fn, "chunk", chunk)
-    _check_divides(fn, head_dim, chunk)
-    c = torch.arange(head_dim // chunk, device=device).view(-1, 1, 1)
-    h = torch.arange(heads_per_group, device=device).view(1, -1, 1)
-    j = torch.arange(chunk, device=device).view(1, 1, -1)
-    # enumerate in fused order (c, h, j) -> standard index
-    return (h * head_dim + c * chunk + j).reshape(-1)
+    return _chunk_major(
+        "o_fused_permutation", "heads_per_group", heads_per_group, head_dim, chunk, device
+    )
 
 
 def o_fused_chunk_permutation(

@@ -219,11 +219,27 @@ def _slot_page(slot_ptr, t, T, block_size, page_stride, capacity):
 
 
 @triton.jit
-def _position(pos_ptr, t, tmask, cs_rows):
-    """Positions (int64) of the tokens ``t``, clamped into the cos/sin table (``cs_rows >=
-    1``): a position outside it reads its nearest row, never past the table, as in every GPU
-    kernel that reads cos/sin (docs/bad_input.md)."""
-    return table_row(tl.load(pos_ptr + t, mask=tmask, other=0).to(tl.int64), cs_rows).to(tl.int64)
+def _rope_tokens(slot_ptr, pos_ptr, T, block_size, page_stride, capacity, cs_rows, cs_s0,
+                 CR: tl.constexpr, BLOCK_T: tl.constexpr):
+    """This program's tokens of a writer that rotates and stores one row per token (or per
+    group of CR tokens): ``(t, valid, page, tok, rmask, crow)``.
+
+    ``valid``/``page``/``tok`` as :func:`_slot_page`; with CR > 1 only the token that closes a
+    group is stored.  ``rmask``: the tokens whose rows are read (CR 1: every token, so the rows
+    load without waiting for the slot load; a skipped one is never stored).  ``crow``: offset
+    of the cos/sin row of the group's first position, the position clamped into the table
+    (``cs_rows >= 1``): a position outside it reads its nearest row, never past the table, as
+    in every GPU kernel that reads cos/sin (docs/bad_input.md)."""
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = t < T
+    valid, page, tok = _slot_page(slot_ptr, t, T, block_size, page_stride, capacity)
+    pos = table_row(tl.load(pos_ptr + t, mask=tmask, other=0).to(tl.int64), cs_rows).to(tl.int64)
+    if CR > 1:
+        valid = valid & ((pos + 1) % CR == 0)
+        rmask = valid
+    else:
+        rmask = tmask
+    return t, valid, page, tok, rmask, (pos // CR) * CR * cs_s0
 
 
 @triton.jit
@@ -855,16 +871,8 @@ def _rope_quant_insert_kernel(
     # unused loads compile away), 224..255 the RoPE dims.  Every record
     # stores per pair (two e4m3 bytes, one e2m1 byte, two bf16 values), so nothing is ever
     # interleaved back.  Offsets: lat_s0 in words (WORDS) or elements; cache in bytes.
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    tmask = t < T
-    valid, page, tok = _slot_page(slot_ptr, t, T, block_size, page_stride, capacity)
-    pos = _position(pos_ptr, t, tmask, cs_rows)
-    if CR > 1:
-        valid = valid & ((pos + 1) % CR == 0)
-        rmask = valid  # tokens that do not close a group are not read
-    else:
-        rmask = tmask  # rows load without waiting for the slot load (skipped: never stored)
-    crow = (pos // CR) * CR * cs_s0  # cos/sin row of the group's first position
+    t, valid, page, tok, rmask, crow = _rope_tokens(
+        slot_ptr, pos_ptr, T, block_size, page_stride, capacity, cs_rows, cs_s0, CR, BLOCK_T)
     lrow = t.to(tl.int64) * lat_s0
     p = tl.arange(0, 256)
     pm = valid[:, None] & (p < 224)[None, :]
@@ -1088,16 +1096,8 @@ def _indexer_k_kernel(
     PDL: tl.constexpr = False,
 ):
     launch.pdl_prologue(PDL)
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    tmask = t < T
-    valid, page, o = _slot_page(slot_ptr, t, T, block_size, page_stride, capacity)
-    pos = _position(pos_ptr, t, tmask, cs_rows)
-    if CR > 1:
-        valid = valid & ((pos + 1) % CR == 0)
-        rmask = valid  # tokens that do not close a group are not read
-    else:
-        rmask = tmask  # rows load without waiting for the slot load (skipped: never stored)
-    crow = (pos // CR) * CR * cs_s0
+    t, valid, page, o, rmask, crow = _rope_tokens(
+        slot_ptr, pos_ptr, T, block_size, page_stride, capacity, cs_rows, cs_s0, CR, BLOCK_T)
     krow = t.to(tl.int64) * k_s0
     # NoPE dims 0..63 and RoPE dims 64..127, fp32
     j = tl.arange(0, 64)
