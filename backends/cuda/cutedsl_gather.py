@@ -405,6 +405,15 @@ def triton_fallback(op: str):
 # The kernel
 # --------------------------------------------------------------------------------------
 
+def scale4_ptx(scale: str) -> str:
+    """PTX lines multiplying fp32 registers f0..f3 (and predicates n0..n3 declared) by the
+    operand ``scale``, then writing every NaN product as 0x7FFFFFFF: the canonical NaN each
+    encoder after them expects, whatever NaN the inputs carried."""
+    return "".join(f"mul.rn.f32 f{i}, f{i}, {scale};\n" for i in range(4)) + "".join(
+        f"setp.nan.f32 n{i}, f{i}, f{i};\n" for i in range(4)) + "".join(
+        f"selp.f32 f{i}, 0f7FFFFFFF, f{i}, n{i};\n" for i in range(4))
+
+
 # e4m3 x4 (one word) times an fp32 power of two -> two bf16x2 words; NaN -> 0x7FFF.
 _DEC_WORD = """{
 .reg .b16 q0, q1, h0, h1, h2, h3;
@@ -420,19 +429,7 @@ cvt.f32.f16 f0, h0;
 cvt.f32.f16 f1, h1;
 cvt.f32.f16 f2, h2;
 cvt.f32.f16 f3, h3;
-mul.rn.f32 f0, f0, {$r1};
-mul.rn.f32 f1, f1, {$r1};
-mul.rn.f32 f2, f2, {$r1};
-mul.rn.f32 f3, f3, {$r1};
-setp.nan.f32 n0, f0, f0;
-setp.nan.f32 n1, f1, f1;
-setp.nan.f32 n2, f2, f2;
-setp.nan.f32 n3, f3, f3;
-selp.f32 f0, 0f7FFFFFFF, f0, n0;
-selp.f32 f1, 0f7FFFFFFF, f1, n1;
-selp.f32 f2, 0f7FFFFFFF, f2, n2;
-selp.f32 f3, 0f7FFFFFFF, f3, n3;
-cvt.rn.bf16x2.f32 {$w0}, f1, f0;
+""" + scale4_ptx("{$r1}") + """cvt.rn.bf16x2.f32 {$w0}, f1, f0;
 cvt.rn.bf16x2.f32 {$w1}, f3, f2;
 }"""
 

@@ -52,6 +52,7 @@ from .cutedsl_gather import (
     device_arch,
     device_index,
     ld_words,
+    scale4_ptx,
     st_words,
     to_global,
     sel_u32,
@@ -181,19 +182,7 @@ mov.b32 f0, a0;
 mov.b32 f1, a1;
 mov.b32 f2, a2;
 mov.b32 f3, a3;
-mul.rn.f32 f0, f0, {$r2};
-mul.rn.f32 f1, f1, {$r2};
-mul.rn.f32 f2, f2, {$r2};
-mul.rn.f32 f3, f3, {$r2};
-setp.nan.f32 n0, f0, f0;
-setp.nan.f32 n1, f1, f1;
-setp.nan.f32 n2, f2, f2;
-setp.nan.f32 n3, f3, f3;
-selp.f32 f0, 0f7FFFFFFF, f0, n0;
-selp.f32 f1, 0f7FFFFFFF, f1, n1;
-selp.f32 f2, 0f7FFFFFFF, f2, n2;
-selp.f32 f3, 0f7FFFFFFF, f3, n3;
-cvt.rn.satfinite.e4m3x2.f32 h0, f1, f0;
+""" + scale4_ptx("{$r2}") + """cvt.rn.satfinite.e4m3x2.f32 h0, f1, f0;
 cvt.rn.satfinite.e4m3x2.f32 h1, f3, f2;
 mov.b32 {$w0}, {h0, h1};
 }"""
