@@ -728,6 +728,21 @@ static inline void prefetch_cs_row(const void* cs, int32_t cs_bf16, int64_t s0, 
 // kernels
 // =======================================================================================
 
+// body(t, page, o) for every token t with a slot >= 0 (o: the slot's row in `page`), tokens
+// shared out over threads, each token's record prefetched PF tokens ahead: the walk both
+// insert layouts take.
+template <class Body>
+static inline void for_each_slot(uint8_t* cache, int64_t ps, const int64_t* slots, int64_t T, int64_t B,
+                                 const RecLayout& L, int64_t vb, int64_t sb, const Body& body) {
+#pragma omp parallel for schedule(dynamic, CHUNK) if (T >= PAR_MIN)
+    for (int64_t t = 0; t < T; ++t) {
+        if (t + PF < T) prefetch_record(cache, ps, B, slots[t + PF], L, vb, sb, true);
+        const int64_t slot = slots[t];
+        if (slot < 0) continue;
+        body(t, cache + (slot / B) * ps, slot % B);
+    }
+}
+
 // quantize_and_insert_k_cache (spec cache_ops §3)
 template <bool FNUZ>
 static void quantize_insert_584(const uint16_t* k, int64_t ks0, uint8_t* cache, int64_t ps,
@@ -735,22 +750,16 @@ static void quantize_insert_584(const uint16_t* k, int64_t ks0, uint8_t* cache, 
     const uint32_t* thr = ceil_log2_table().thr;
     constexpr int64_t VB = R584::value_bytes, SB = R584::scale_bytes;
     const RecLayout L = rec_layout(B, VB, SB, false);
-#pragma omp parallel for schedule(dynamic, CHUNK) if (T >= PAR_MIN)
-    for (int64_t t = 0; t < T; ++t) {
-        if (t + PF < T) prefetch_record(cache, ps, B, slots[t + PF], L, VB, SB, true);
-        const int64_t slot = slots[t];
-        if (slot < 0) continue;
-        const int64_t blk = slot / B, o = slot % B;
-        uint8_t* page = cache + blk * ps;
+    for_each_slot(cache, ps, slots, T, B, L, VB, SB, [&](int64_t t, uint8_t* page, int64_t o) {
         const uint16_t* row = k + t * ks0;
         alignas(64) float x[NOPE];
         tok::bf16_to_f32(row, x, NOPE);
-        uint8_t* val = page + o * VB;
-        uint8_t* sc = page + B * VB + o * SB;
+        uint8_t* val = page + o * L.vs;
+        uint8_t* sc = page + L.s0 + o * L.ss;
         tok::quant_ue8m0<R584::group, R584::n_groups, FNUZ>(x, val, sc, false, thr);
         sc[R584::n_groups] = 0;  // the pad byte after the scale codes
         std::memcpy(val + NOPE, row + NOPE, 2 * R584::bf16_dims);  // RoPE dims: the bf16 bits verbatim
-    }
+    });
 }
 
 template <bool FNUZ>
@@ -759,17 +768,11 @@ static void quantize_insert_528(const uint16_t* k, int64_t ks0, uint8_t* cache, 
     const uint32_t* thr = ceil_log2_table().thr;
     constexpr int64_t VB = R528::value_bytes, SB = R528::scale_bytes;
     const RecLayout L = rec_layout(B, VB, SB, interleaved);
-#pragma omp parallel for schedule(dynamic, CHUNK) if (T >= PAR_MIN)
-    for (int64_t t = 0; t < T; ++t) {
-        if (t + PF < T) prefetch_record(cache, ps, B, slots[t + PF], L, VB, SB, true);
-        const int64_t slot = slots[t];
-        if (slot < 0) continue;
-        const int64_t blk = slot / B, o = slot % B;
-        uint8_t* page = cache + blk * ps;
+    for_each_slot(cache, ps, slots, T, B, L, VB, SB, [&](int64_t t, uint8_t* page, int64_t o) {
         alignas(64) float x[HEAD];
         tok::bf16_to_f32(k + t * ks0, x, HEAD);
         tok::quant_ue8m0<R528::group, R528::n_groups, FNUZ>(x, page + o * L.vs, page + L.s0 + o * L.ss, false, thr);
-    }
+    });
 }
 
 // dequantize_and_gather_k_cache (spec cache_ops §4).  Tokens are the concatenation of the
