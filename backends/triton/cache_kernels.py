@@ -233,7 +233,7 @@ def _rope_tokens(slot_ptr, pos_ptr, T, block_size, page_stride, capacity, cs_row
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < T
     valid, page, tok = _slot_page(slot_ptr, t, T, block_size, page_stride, capacity)
-    pos = table_row(tl.load(pos_ptr + t, mask=tmask, other=0).to(tl.int64), cs_rows).to(tl.int64)
+    pos = table_row(tl.load(pos_ptr + t, mask=tmask, other=0).to(tl.int64), cs_rows)
     if CR > 1:
         valid = valid & ((pos + 1) % CR == 0)
         rmask = valid
