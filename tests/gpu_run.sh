@@ -27,6 +27,10 @@
 #               tools/vllm_gpu_pack.sh, carried to the host; VLLM_OPS_ARCHIVE names another;
 #               VLLM_SBS_ARGS adds arguments, e.g. "--tokens 1 64 --only gather")
 #   STEP_LIMIT  seconds per step before it is stopped (default 540)
+#   PACK    a file: when the job ends, everything under $OUT also goes into this one gzipped
+#           tar (a device call brings back at most eight files of its output folder: run with
+#           OUT outside that folder and PACK inside it: PACK=$OUT/r.tgz OUT=/tmp/gpu-out bash ...,
+#           PACK first so that it reads the device's OUT)
 #   GPU_PYTEST_K / FUZZ_K / SANITIZE_K  narrow the tests / fuzz / sanitizer runs (pytest -k)
 #   MEMCHECK_FILES / RACECHECK_FILES    the test files each sanitizer runs
 #   GPU_TEST_FILES  the pytest files of the tests step (default: all ten GPU test files; the
@@ -57,6 +61,9 @@ fi
 PY="python -P"
 T0=$SECONDS
 stamp() { echo "[$((SECONDS - T0)) s] $*" | tee -a "$OUT/steps.txt"; }
+if [[ -n ${PACK:-} ]]; then
+  trap 'tar -czf "$PACK" -C "$OUT" . && echo "packed $OUT into $PACK"' EXIT
+fi
 $PY -m dsv41 info --json > "$OUT/info.json" 2> "$OUT/info.err"
 for step in $STEPS; do
   stamp "start $step"
