@@ -16,6 +16,7 @@ def table_row(pos, rows):
     One 64-bit max and min.  A form on the position's two 32-bit halves (high word 0: the
     unsigned min of the low word and ``rows - 1``; else row 0 or the last row) has fewer sm_90
     instructions but timed slower under CUDA-graph replay on an H100: the MXFP4 indexer Q
-    +0.08 us at 1 and 64 tokens, the FP8 one +0.01-0.02 us, against this form
-    (docs/measurements/h100-regression-32-vs-9e78256.txt)."""
+    +0.08 us at 1 and 64 tokens, the FP8 one +0.01-0.02 us, against this form, on two quiet
+    H100s where 9e78256 timed alike (docs/measurements/h100-regression-32-vs-9e78256.txt;
+    this form: section 4 of h100-regression-31-vs-9e78256.txt)."""
     return tl.minimum(tl.maximum(pos, 0), rows - 1)
