@@ -33,7 +33,7 @@
 #           PACK first so that it reads the device's OUT)
 #   GPU_PYTEST_K / FUZZ_K / SANITIZE_K  narrow the tests / fuzz / sanitizer runs (pytest -k)
 #   MEMCHECK_FILES / RACECHECK_FILES    the test files each sanitizer runs
-#   GPU_TEST_FILES  the pytest files of the tests step (default: all ten GPU test files; the
+#   GPU_TEST_FILES  the pytest files of the tests step (default: all eleven GPU test files; the
 #               whole set takes more than 330 s on the H200, so a suite run may span two calls)
 #   SKIP_FUZZ=1     no hypothesis profile in the tests step
 set -uo pipefail
@@ -71,7 +71,7 @@ for step in $STEPS; do
     tests)
       files=${GPU_TEST_FILES:-"tests/test_conformance.py tests/test_golden.py tests/test_gpu.py tests/test_interchange.py
         tests/test_transcode.py tests/test_launch_shapes.py tests/test_nvfp4_quotient.py tests/test_gpu_exhaustive.py
-        tests/test_triton_cache_kernels.py tests/test_bound_launch.py"}
+        tests/test_triton_cache_kernels.py tests/test_bound_launch.py tests/test_row_sum_sq.py"}
       timeout "$LIMIT" $PY -m pytest -q -p no:cacheprovider -m "not slow" $files \
         ${GPU_PYTEST_K:+-k "$GPU_PYTEST_K"} ${GPU_PYTEST_ARGS:-} > "$OUT/pytest.txt" 2>&1
       echo "pytest rc=$?" >> "$OUT/pytest.txt"

@@ -66,7 +66,8 @@ if [[ -z $INTERP_WHY ]]; then
   run_step "3 Triton kernels in the interpreter" env TRITON_INTERPRET=1 "${PYTEST[@]}" \
     tests/test_conformance.py tests/test_golden.py tests/test_transcode.py tests/test_interchange.py \
     tests/test_launch_shapes.py "${HOSTILE[@]}" -k "interp"
-  run_step "4 kernel checks in the interpreter" env TRITON_INTERPRET=1 "${PYTEST[@]}" tests/test_nvfp4_quotient.py
+  run_step "4 kernel checks in the interpreter" env TRITON_INTERPRET=1 "${PYTEST[@]}" tests/test_nvfp4_quotient.py \
+    tests/test_row_sum_sq.py
 else
   echo "== steps 3-4 skipped: $INTERP_WHY"
 fi

@@ -91,6 +91,37 @@ def test_rope_288_every_swept_shape(impl, case, shape, monkeypatch):
     _run_and_compare(impl, case, args, want)
 
 
+QKV = [c for c in CASES if c.op == "fused_q_kv_rmsnorm_quant" and c.id.endswith(("[t5]", "[t130-two-tiles]"))]
+NVIDIA_TRITON = [i for i in TRITON_IMPLS if i.name.startswith("cuda:triton")]
+
+
+def _q_kv_decode_shapes():
+    from dsv41.backends.triton.sweep import SPACES
+
+    # and tiles of several Q rows (a tile part real, part padding; tiles of padding only)
+    return SPACES["fused_q_kv_rmsnorm_quant [decode]"][1] + [
+        dict(BLOCK_T=bt, num_warps=1, BLOCK_TKV=bt) for bt in (2, 8)]
+
+
+@pytest.mark.parametrize("shape", _q_kv_decode_shapes(),
+                         ids=lambda s: f"{s['BLOCK_T']}x{s['num_warps']}w-kv{s['BLOCK_TKV']}")
+@pytest.mark.parametrize("case", QKV, ids=[c.id for c in QKV])
+@pytest.mark.parametrize("impl", NVIDIA_TRITON or [None], ids=[i.name for i in NVIDIA_TRITON] or ["none"])
+def test_q_kv_norm_every_swept_decode_shape(impl, case, shape, monkeypatch):
+    """Every decode shape the sweep may pick for the Q / KV norm (Q rows per program, KV rows
+    per program, warps: the sum of squares is taken from the tile in each shape's layout, and
+    tiles of padding rows only take their own branch) writes the reference's bytes."""
+    if impl is None:
+        pytest.skip("needs the NVIDIA Triton implementation (GPU or TRITON_INTERPRET=1)")
+    from dsv41.backends.triton import tuning
+
+    monkeypatch.setitem(tuning.OVERRIDES, "fused_q_kv_rmsnorm_quant", dict(shape))
+    args = case.build("cpu")
+    want = clone_args(args)
+    ReferenceBackend().load(case.op)(*want)
+    _run_and_compare(impl, case, args, want)
+
+
 def test_pdl_only_on_cuda_and_switchable(monkeypatch):
     """Programmatic dependent launch is a CUDA (SM90+) launch attribute: never for other
     devices, and ``DSV41_PDL=0`` turns it off (the kernels then run in plain stream order)."""

@@ -85,7 +85,7 @@ from .numerics import (  # noqa: F401  (the kernels below call them; tests reach
     _div_full,
     _exp_approx,
 )
-from .reductions import _fold_halves, _lane_sums4, _norm_sum512
+from .reductions import _butterfly, _lane_chain_sq, _row_sum_sq
 
 __all__ = [
     "CONFIG",
@@ -1109,11 +1109,9 @@ def _indexer_k_kernel(
     # RMSNorm as vLLM's one-warp kernel: 32 lanes of 4 contiguous squares (NoPE lanes 0-15,
     # RoPE 16-31), the xor butterfly (its first step adds lane l and l + 16), exact /128, the
     # GPU's rsqrt
-    u = _lane_sums4(xn, BLOCK_T, 16) + _lane_sums4(xr, BLOCK_T, 16)
-    u = _fold_halves(u, BLOCK_T, 8)
-    u = _fold_halves(u, BLOCK_T, 4)
-    u = _fold_halves(u, BLOCK_T, 2)
-    ss = tl.reshape(_fold_halves(u, BLOCK_T, 1), (BLOCK_T,))
+    u = (_lane_chain_sq(tl.reshape(xn, (BLOCK_T, 16, 4)), BLOCK_T, 16, 4)
+         + _lane_chain_sq(tl.reshape(xr, (BLOCK_T, 16, 4)), BLOCK_T, 16, 4))
+    ss = _butterfly(u, BLOCK_T, 16)
     r = _rsqrt_approx(ss * 0.0078125 + eps, rs_ptr, HW)[:, None]
     kn = _bf16_round((xn * r) * wn[None, :], SOFT)
     kr = _bf16_round((xr * r) * wr[None, :], SOFT)
@@ -1200,10 +1198,11 @@ def indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, rms_norm_weight, 
 @triton.jit
 def _rmsnorm_store(x, w_ptr, eps, out_ptr, out_s0, t, valid, ap, SOFT: tl.constexpr,
                    HW: tl.constexpr):
-    """bf16(x * rsqrt(sum(x^2)/512 + eps) * w): the sum in vLLM's order (``_norm_sum512``),
-    /512 exact, the GPU's rsqrt (``ap``: the rsqrt table)."""
+    """bf16(x * rsqrt(sum(x^2)/512 + eps) * w): the sum in the order of vLLM's compressor norm
+    (``tl.sum(v * v, 0)`` over a 512-wide fp32 row with 4 warps, 4 contiguous elements per
+    thread), /512 exact, the GPU's rsqrt (``ap``: the rsqrt table)."""
     d = tl.arange(0, 512)
-    ss = _norm_sum512(x, x.shape[0])
+    ss = _row_sum_sq(x, x.shape[0], 512, 512, 4, 4)
     r = _rsqrt_approx(ss * 0.001953125 + eps, ap, HW)
     w = tl.load(w_ptr + d).to(tl.float32)
     y = (x * r[:, None]) * w[None, :]

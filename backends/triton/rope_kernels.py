@@ -41,7 +41,7 @@ from dsv41.reference.output_quant import vllm_norm_layout
 from . import conversions, launch, tuning
 from .bound import bind
 from .positions import table_row
-from .reductions import _fold_halves, _rmax, _warp_sum32
+from .reductions import _rmax, _row_sum_sq
 from .numerics import (  # noqa: F401
     _neg_sign_bit,
     _rn_bf16,
@@ -564,40 +564,12 @@ def _inv_rope_config(T: int, Ta: int, NH: int, Dh: int, qg: int) -> tuple:
 
 
 @triton.jit
-def _vllm_mean_sq(row_ptr, row_off, rm, size, rc_ptr, VB: tl.constexpr, VW: tl.constexpr,
-                  VP: tl.constexpr, HW: tl.constexpr):
-    """``Σx²/size`` of the rows at ``row_ptr + row_off`` (``[BT]`` offsets, ``rm`` the rows that
-    exist) as vLLM's Q / KV norm computes it (``reference.output_quant.vllm_norm_layout``:
-    ``VB`` block, ``VW`` warps, ``VP`` elements per thread): each of the 32·VW threads reads its
-    registers in order (repetition, element) and accumulates ``fma(e0, e0, e1²)``, then
-    ``fma(ek, ek, acc)``; the warp butterfly; the warp sums folded by xor; the mean a
-    ``div.full`` by ``size`` (``gpu_approx.tl_sum_sq``, ``div_full``)."""
-    VT: tl.constexpr = 32 * VW
-    R: tl.constexpr = VB // VT
-    tt = tl.arange(0, VT)
-    first = tl.zeros([row_off.shape[0], VT], tl.float32)
-    acc = tl.zeros([row_off.shape[0], VT], tl.float32)
-    for k in tl.static_range(R):
-        col = (k // VP) * (VT * VP) + tt * VP + (k % VP)
-        e = tl.load(row_ptr + row_off[:, None] + col[None, :], mask=rm[:, None] & (col < size)[None, :],
-                    other=0.0).to(tl.float32)
-        if k == 0:
-            first = e
-        elif k == 1:
-            acc = tl.fma(first, first, e * e)
-        else:
-            acc = tl.fma(e, e, acc)
-    if R == 1:
-        acc = first * first
-    BT: tl.constexpr = row_off.shape[0]
-    w = tl.reshape(_warp_sum32(tl.reshape(acc, (BT * VW, 32)), BT * VW), (BT, VW))
-    if VW >= 8:
-        w = _fold_halves(w, BT, 4)
-    if VW >= 4:
-        w = _fold_halves(w, BT, 2)
-    if VW >= 2:
-        w = _fold_halves(w, BT, 1)
-    ss = tl.reshape(w, (BT,))
+def _vllm_mean_sq(x, size, rc_ptr, VB: tl.constexpr, VW: tl.constexpr, VP: tl.constexpr,
+                  HW: tl.constexpr):
+    """``Σx²/size`` of each row of the tile ``x [BT, W]`` as vLLM's Q / KV norm computes it:
+    ``Σx²`` in its ``tl.sum`` order (``reductions._row_sum_sq``; ``gpu_approx.tl_sum_sq``), the
+    mean a ``div.full`` by ``size`` (``div_full``)."""
+    ss = _row_sum_sq(x, x.shape[0], x.shape[1], VB, VW, VP)
     return _div_full(ss, tl.full(ss.shape, size, tl.float32), rc_ptr, HW)
 
 
@@ -614,7 +586,7 @@ def _q_rows(qr_ptr, s_qr, qw_ptr, eps, qo_ptr, s_qo, qs_ptr, s_qs, r, T, Tp, QS,
     m = rm[:, None] & cm[None, :]
     x = tl.load(qr_ptr + (r64 * s_qr)[:, None] + col[None, :], mask=m, other=0.0).to(tl.float32)
     w = tl.load(qw_ptr + col, mask=cm, other=0.0).to(tl.float32)[None, :]
-    rr = _rsqrt_approx(_vllm_mean_sq(qr_ptr, r64 * s_qr, rm, QS, rc_ptr, VB, VW, VP, HW) + eps, rs_ptr, HW)
+    rr = _rsqrt_approx(_vllm_mean_sq(x, QS, rc_ptr, VB, VW, VP, HW) + eps, rs_ptr, HW)
     y = (x * rr[:, None]) * w
     if Q_BF16:
         y = _rn_bf16(y, CVT_HW)  # q.dtype round trip
@@ -631,13 +603,18 @@ def _q_rows(qr_ptr, s_qr, qw_ptr, eps, qo_ptr, s_qo, qs_ptr, s_qs, r, T, Tp, QS,
     codes = _e4m3_code(y3 * inv[:, :, None], False, CVT_HW, 0x7F).to(tl.uint8)
     codes = tl.reshape(codes, [y.shape[0], BLOCK_G * 32])
     tl.store(qo_ptr + (r64 * s_qo)[:, None] + col[None, :], codes, mask=m)
-    # Scale bytes in the F8_128x4 swizzle; rows >= T and groups >= Gq are 0.
-    g2 = gi[None, :]
+    _q_scale_store(qs_ptr, s_qs, r64, tl.where(rm[:, None] & (gi < Gq)[None, :], sf, 0), Tp, Gp, BLOCK_G)
+
+
+@triton.jit
+def _q_scale_store(qs_ptr, s_qs, r64, sf, Tp, Gp, BLOCK_G: tl.constexpr):
+    """Scale bytes ``sf [BT, BLOCK_G]`` of rows ``r64`` in the F8_128x4 swizzle (rows up to
+    Tp, groups up to Gp)."""
+    g2 = tl.arange(0, BLOCK_G)[None, :]
     r2 = r64[:, None]
-    sval = tl.where(rm[:, None] & (g2 < Gq), sf, 0).to(tl.uint8)
     off = ((r2 // 128) * (128 * Gp) + (g2 // 4) * 512 + (r2 % 32) * 16
            + ((r2 % 128) // 32) * 4 + (g2 % 4))
-    tl.store(qs_ptr + off * s_qs, sval, mask=(r2 < Tp) & (g2 < Gp))
+    tl.store(qs_ptr + off * s_qs, sf.to(tl.uint8), mask=(r2 < Tp) & (g2 < Gp))
 
 
 @triton.jit
@@ -652,7 +629,7 @@ def _kv_rows(kv_ptr, s_kv, kvw_ptr, eps, kvo_ptr, s_kvo, r, T, KS, rs_ptr, rc_pt
     m = rm[:, None] & cm[None, :]
     x = tl.load(kv_ptr + (r64 * s_kv)[:, None] + col[None, :], mask=m, other=0.0).to(tl.float32)
     w = tl.load(kvw_ptr + col, mask=cm, other=0.0).to(tl.float32)[None, :]
-    rr = _rsqrt_approx(_vllm_mean_sq(kv_ptr, r64 * s_kv, rm, KS, rc_ptr, VB, VW, VP, HW) + eps, rs_ptr, HW)
+    rr = _rsqrt_approx(_vllm_mean_sq(x, KS, rc_ptr, VB, VW, VP, HW) + eps, rs_ptr, HW)
     y = (x * rr[:, None]) * w
     off = (r64 * s_kvo)[:, None] + col[None, :]
     if KV_BF16:
@@ -677,7 +654,11 @@ def _q_kv_rmsnorm_kernel(
     # 1-D grid: the first n_q_tiles programs take BLOCK_T Q rows each (rows up to Tp, so
     # every scale byte is written), the others BLOCK_TKV KV rows each.
     pid = tl.program_id(0)
-    if pid < n_q_tiles:
+    if pid * BLOCK_T >= T and pid < n_q_tiles:
+        # a tile of padding rows only (T <= row < Tp): its scale bytes are 0, nothing to read
+        r = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+        _q_scale_store(qs_ptr, s_qs, r.to(tl.int64), tl.zeros([BLOCK_T, BLOCK_G], tl.int32), Tp, Gp, BLOCK_G)
+    elif pid < n_q_tiles:
         _q_rows(qr_ptr, s_qr, qw_ptr, eps, qo_ptr, s_qo, qs_ptr, s_qs,
                 pid * BLOCK_T + tl.arange(0, BLOCK_T), T, Tp, QS, Gq, Gp, rs_ptr, rc_ptr,
                 BLOCK_G, Q_BF16, CVT_HW, HW, VB, VW, VPQ)

@@ -106,6 +106,10 @@ SPACES = {
         "fused_inv_rope_fp8_quant"),
     "fused_q_kv_rmsnorm_quant": (("rope", "fused_q_kv_rmsnorm_quant"),
                                  _grid(BLOCK_T=(1, 2, 4, 8), num_warps=(1, 2, 4, 8))),
+    # decode sizes: one Q row per program; KV rows per program too (at most 4 by default)
+    "fused_q_kv_rmsnorm_quant [decode]": (("rope", "fused_q_kv_rmsnorm_quant"),
+                                          _grid(BLOCK_T=(1,), num_warps=(1, 2, 4, 8), BLOCK_TKV=(1, 2, 4)),
+                                          "fused_q_kv_rmsnorm_quant"),
     "compute_global_topk_indices_and_lens": (("index", "compute_global_topk_indices_and_lens"),
                                              _grid(BLOCK_R=(1, 2), BLOCK_C=(512, 1024, 2048),
                                                    num_warps=(4, 8, 16))),
