@@ -86,8 +86,10 @@ def _lane_chain_sq(v, BT: tl.constexpr, N: tl.constexpr, R: tl.constexpr):
     registers are taken apart with ``tl.split`` (in-thread moves when a thread holds its R
     elements), never re-read from memory."""
     if R == 1:
+        # fma(e, e, +0) = fl(e²): a product the compiler cannot fuse into the butterfly's first
+        # addition (a plain e * e there became fma(e, e, other lane's square) on the GPU)
         e = tl.reshape(v, (BT, N))
-        acc = e * e
+        acc = tl.fma(e, e, tl.zeros_like(e))
     elif R == 2:
         e0, e1 = tl.split(v)
         acc = tl.fma(e0, e0, e1 * e1)

@@ -92,6 +92,7 @@ def _m(source: str, **shape) -> Measured:
 _S2, _S3, _S5 = "h200-sweep-2.txt", "h200-sweep-3.txt", "h200-sweep-5.jsonl"
 _S11 = "h100-sweep-11-index-builders.jsonl"
 _S13 = "h100-sweep-13-norms.jsonl"
+_S36 = "h100-sweep-36-qkv-decode.jsonl"
 
 TABLE: dict = {
     # cache kernels (BLOCK_T tokens per program, num_warps)
@@ -128,11 +129,13 @@ TABLE: dict = {
     "fused_inv_rope_fp8_quant:decode": _m("h200-sweep-7-call2-inv-decode.jsonl",
                                           BLOCK_T=4, BLOCK_H=4, num_warps=4, BLOCK_D=128),
     # one warp per row: its reductions stay in warp shuffles (0.77 of copy at 65536 rows, 0.54
-    # with 2 rows x 2 warps)
+    # with 2 rows x 2 warps; with the sums taken from the loaded tile 1.00, 2 warps 0.88, 4
+    # warps 0.75-0.84: h100-sweep-36-qkv-decode.jsonl)
     "fused_q_kv_rmsnorm_quant": _m(_S2, BLOCK_T=1, num_warps=1),
-    # decode sizes: 2 warps per row (H100 sweep, CUDA-graph replay at 64 tokens: 2.32 us; 8 warps
-    # 2.79, 1 / 4 warps 2.74 / 3.02)
-    "fused_q_kv_rmsnorm_quant:decode": _m(_S13, BLOCK_T=1, num_warps=2),
+    # decode sizes: one Q row per program of 4 warps, KV rows two per program (H100 sweep,
+    # CUDA-graph replay at 1 / 8 / 64 tokens: 1.41-1.45 / 1.55-1.57 / 1.63-1.64 us, 4 KV rows
+    # alike; 8 warps 1.37-1.50 / 1.58-1.64 / 1.64-1.77, 2 warps 1.62 / 1.70 / 1.79)
+    "fused_q_kv_rmsnorm_quant:decode": _m(_S36, BLOCK_T=1, num_warps=4, BLOCK_TKV=2),
     # the MXFP4 split path: 2.13 us at 64 tokens (8 warps: 2.25); at 65536 the heuristic shape
     # (1 x 64 heads, 4 warps) is the best, 0.77
     "fused_indexer_q_rope_quant:mxfp4:decode": _m(_S3, BLOCK_T=1, BLOCK_H=16, num_warps=4),
