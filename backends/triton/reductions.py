@@ -47,9 +47,10 @@ def _fold_halves(u, BT: tl.constexpr, H: tl.constexpr):
     """``[BT, 2H] -> [BT, H]``: lane j plus lane j + H (one step of a warp's xor butterfly; fp
     addition commutes, so every lane of the pair holds this value).  A reduction over an axis
     of two, so the order cannot matter and the compiler keeps whatever layout it has: a warp
-    shuffle where the pair sits in two lanes (sm_90 SASS of the Q/KV norm at one warp: 2992
-    instructions, 73 SHFL.BFLY, no shared memory; splitting a permuted tile instead took 4096
-    with 320 LDS.128 and 1275 FADD, every thread repeating the whole butterfly)."""
+    shuffle where the pair sits in two lanes.  For a warp's 32 lanes this is the form to use:
+    splitting a permuted tile there had every thread repeat the whole butterfly through shared
+    memory (the Q/KV norm at one warp: 4096 sm_90 instructions, 320 LDS.128, against 2992).
+    Across warps each step is a shared-memory round trip; ``_butterfly_split`` takes one."""
     return _rsum(tl.reshape(u, (BT, 2, H)), 1)
 
 

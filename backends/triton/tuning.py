@@ -128,9 +128,9 @@ TABLE: dict = {
                                         BLOCK_T=1, BLOCK_H=1, num_warps=1, BLOCK_D=128),
     "fused_inv_rope_fp8_quant:decode": _m("h200-sweep-7-call2-inv-decode.jsonl",
                                           BLOCK_T=4, BLOCK_H=4, num_warps=4, BLOCK_D=128),
-    # one warp per row: its reductions stay in warp shuffles (0.77 of copy at 65536 rows, 0.54
-    # with 2 rows x 2 warps; with the sums taken from the loaded tile 1.00, 2 warps 0.88, 4
-    # warps 0.75-0.84: h100-sweep-36-qkv-decode.jsonl)
+    # one warp per row: its reductions stay in warp shuffles (H200: 0.77 of copy at 65536 rows,
+    # 0.54 with 2 rows x 2 warps; H100, h100-sweep-36-qkv-decode.jsonl: 1.00, one row x 2 warps
+    # 0.88, x 4 warps 0.75-0.84)
     "fused_q_kv_rmsnorm_quant": _m(_S2, BLOCK_T=1, num_warps=1),
     # decode sizes: one Q row per program of 4 warps, KV rows two per program (H100 sweep,
     # CUDA-graph replay at 1 / 8 / 64 tokens: 1.41-1.45 / 1.55-1.57 / 1.63-1.64 us, 4 KV rows
