@@ -132,7 +132,8 @@ CONFIG = tuning.Settings({
     # register cap (ptxas maxnreg) of the CR-2 pair programs; None: the compiler's choice.
     # 64: the compiler's 70 registers held an SM to 28 one-warp programs (Nsight Compute:
     # 40 % occupancy, DRAM 80 %); at 64 the 32-block limit binds (H200 sweeps at 65536 tokens,
-    # h200-sweep-9-call1.jsonl: median 0.942 of copy against 0.925 uncapped, 0.929 at 56)
+    # h200-sweep-9-call1.jsonl: median 0.942 of copy against 0.925 uncapped, 0.929 at 56).
+    # With prev_rows (H100, h100-sweep-37-cr2-maxnreg.jsonl): 72, 80 and uncapped within 0.01.
     "norm2_maxnreg": 64,
     # CR 2 on SM90+: the ring save (second launch) is a PDL launch at every size and loads
     # its rows while the pooling kernel runs, waiting for it only before its stores; False:
@@ -1305,6 +1306,10 @@ def _pool_pair_store(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, qsl_ptr, w_ptr, e
     d = tl.arange(0, 512)
     t64 = t.to(tl.int64)
     q0 = tl.load(qsl_ptr + req, mask=valid, other=0)
+    if HAS_PREV:
+        # with the chunk start, not after it: the older row's address waits for one round
+        # trip, as without prev_rows
+        pidx = tl.load(pidx_ptr + req, mask=valid, other=-1)
     cur = (t64 * kv_s0)[:, None] + d[None, :]
     prev = cur - kv_s0
     has_prev = (rows_m & (t > 0))[:, None]  # t - 1 is a row of the batch
@@ -1315,27 +1320,19 @@ def _pool_pair_store(kv_ptr, kv_s0, st_ptr, st_s0, st_s1, cap, qsl_ptr, w_ptr, e
     # older row of a chunk's first token: ring row (slot // cap, (pos - 1) % cap); ring
     # slots and closing positions < 2^31 (int32 arithmetic)
     s32 = tl.where(valid, slot, 0).to(tl.int32)
-    ring = ((s32 // cap).to(tl.int64) * st_s0
-            + ((pos.to(tl.int32) - 1) % cap).to(tl.int64) * st_s1)[:, None] + d[None, :]
+    older = st_ptr + ((s32 // cap).to(tl.int64) * st_s0
+                      + ((pos.to(tl.int32) - 1) % cap).to(tl.int64) * st_s1)
     if RING_EARLY:
         ring_m = valid
     else:
         ring_m = valid & (t == q0)
     if HAS_PREV:
-        pidx = tl.load(pidx_ptr + req, mask=ring_m, other=-1)
+        # one row pointer, then one load pair: loading both rows and selecting would hold
+        # both in registers, past the pair programs' register cap (spills)
         use_prev = (pidx >= 0) & (pidx < prev_n)  # past prev_rows: the ring, like -1
-        prow = (tl.maximum(pidx, 0).to(tl.int64) * prev_s0)[:, None] + d[None, :]
-        pm = (ring_m & use_prev)[:, None]
-        rm = (ring_m & ~use_prev)[:, None]
-        kvr = tl.load(st_ptr + ring, mask=rm, other=0.0)
-        sr = tl.load(st_ptr + ring + 512, mask=rm, other=0.0)
-        kvq = tl.load(prev_ptr + prow, mask=pm, other=0.0)
-        sq = tl.load(prev_ptr + prow + 512, mask=pm, other=0.0)
-        kvr = tl.where(pm, kvq, kvr)
-        sr = tl.where(pm, sq, sr)
-    else:
-        kvr = tl.load(st_ptr + ring, mask=ring_m[:, None], other=0.0)
-        sr = tl.load(st_ptr + ring + 512, mask=ring_m[:, None], other=0.0)
+        older = tl.where(use_prev, prev_ptr + tl.maximum(pidx, 0).to(tl.int64) * prev_s0, older)
+    kvr = tl.load(older[:, None] + d[None, :], mask=ring_m[:, None], other=0.0)
+    sr = tl.load(older[:, None] + d[None, :] + 512, mask=ring_m[:, None], other=0.0)
     in_m = (valid & (t != q0))[:, None]
     x = _pool2(tl.where(in_m, kvp, kvr), tl.where(in_m, sp, sr), kvb, sb, rc_ptr, e2_ptr, e2n_ptr, HW)
     _rmsnorm_store(x, w_ptr, eps, out_ptr, out_s0, t, valid, rs_ptr, SOFT, HW)

@@ -65,6 +65,10 @@ SPACES = {
     # SM to 28 resident warps, 64 (the default) lets the 32-block limit bind
     "fused_save_compress_norm [CR2] maxnreg": (("flag", "norm2_maxnreg"), [{"value": None}, {"value": 56}],
                                                "fused_save_compress_norm [CR2]"),
+    # with prev_rows (the HAS_PREV build: the older row from prev_rows or the ring)
+    "fused_save_compress_norm [CR2 prev] maxnreg": (("flag", "norm2_maxnreg"),
+                                                    [{"value": None}, {"value": 72}, {"value": 80}],
+                                                    "fused_save_compress_norm [CR2 prev]"),
     # CR 2 ring save: PDL at every size with its loads before the wait (default) against
     # the plain order (PDL at decode sizes, the wait before every load)
     "fused_save_compress_norm [CR2] ring": (("flag", "ring_pdl"), [{"value": False}],

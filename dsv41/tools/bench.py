@@ -339,6 +339,21 @@ def _build_save_compress_cr2(gen: _Gen, t: int, plat) -> Case:
     return Case((kv, positions, state, slots, qsl, t2r, weight, 1e-6, 2, latent), nbytes)
 
 
+def _build_save_compress_cr2_prev(gen: _Gen, t: int, plat) -> Case:
+    """CR 2 prefill with ``prev_rows`` (vLLM 0.33): every other request's first token pools
+    with a row of ``prev_rows``, the others' with their ring row; the op writes no ring row
+    (the caller saves them with ``save_ring_rows``)."""
+    kv, positions, state, slots, qsl, t2r, weight, eps, cr, latent = _build_save_compress_cr2(gen, t, plat).args
+    reqs = qsl.numel() - 1
+    prev_rows = gen.randn(2 * reqs, 1024)
+    prev_idx = gen.randperm(2 * reqs)[:reqs].to(I32)
+    prev_idx[::2] = -1  # the ring row
+    nbytes = (t * 1024 * 4 + t * 8 * 2 + t * 4 + 512 * 2 + (t // 2) * 512 * 2
+              + reqs * (1024 * 4 + 4))
+    return Case((kv, positions, state, slots, qsl, t2r, weight, eps, cr, latent, prev_rows,
+                 prev_idx), nbytes)
+
+
 def _build_save_ring_rows(gen: _Gen, t: int, plat) -> Case:
     """Every row to a distinct ring slot (rows gathered from other ranks, stored after pooling)."""
     cap = 4
@@ -471,6 +486,7 @@ VARIANTS = (
     Variant("build_flashinfer_mixed_sparse_indices", None, _build_flashinfer),
     Variant("fused_save_compress_norm", "CR1", _build_save_compress),
     Variant("fused_save_compress_norm", "CR2", _build_save_compress_cr2),
+    Variant("fused_save_compress_norm", "CR2 prev", _build_save_compress_cr2_prev),
     Variant("save_ring_rows", None, _build_save_ring_rows),
     Variant("rope_quant_insert", "584", _with(_build_rope_quant_insert, "584")),
     Variant("rope_quant_insert", "528", _with(_build_rope_quant_insert, "528")),
