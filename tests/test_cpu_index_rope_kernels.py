@@ -963,7 +963,10 @@ def test_inv_rope_log_ceil_edge():
 
 @pytest.mark.parametrize("kinds", [["normal"], ["normal", "zero", "negzero", "large", "tiny", "mixzero"],
                                    ["fp8max", "ties", "maxbf16", "verytiny", "huge", "nonfinite"]])
-@pytest.mark.parametrize("Qs,Ks", [(1536, 512), (96, 64), (32, 576)])
+# the sums of squares' layouts: rows that end at a thread's boundary (1536 / 512: 8 per
+# thread), one element per thread (96 / 64), a row ending inside a thread (516) and two passes
+# over the threads (a 4096 block)
+@pytest.mark.parametrize("Qs,Ks", [(1536, 512), (96, 64), (32, 576), (1536, 516), (4096, 520)])
 def test_q_kv_rmsnorm_quant(kinds, Qs, Ks):
     g = torch.Generator().manual_seed(Qs + len(kinds))
     for T in [0, 1, 5, 130, 257]:

@@ -65,10 +65,12 @@
 //                                 caller, see the comment at the definition)
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
 #define DSV41_CPU_AVX512 1
@@ -534,6 +536,26 @@ static inline float exp_approx(float z, const Approx& t) {
     return ex2_approx_ftz(arg, t);
 }
 
+// Thread t's chain over its registers, for every thread at once (threads contiguous in `lane`,
+// so the loops over t vectorize; P, the elements per thread, a constant for the strides).
+// Threads [0, active) of `threads`; the caller sets the others.
+template <int P>
+static inline void tl_lane_sums(const float* xp, int threads, int active, int regs, float* lane) {
+    const int64_t pass = (int64_t)threads * P;
+    if (regs == 1) {
+        for (int t = 0; t < active; ++t) lane[t] = xp[(int64_t)t * P] * xp[(int64_t)t * P];
+        return;
+    }
+    const float* e0 = xp;                                 // register 0: (pass 0, element 0)
+    const float* e1 = xp + (P > 1 ? 1 : pass);            // register 1: element 1, or pass 1
+    for (int t = 0; t < active; ++t)
+        lane[t] = std::fmaf(e0[(int64_t)t * P], e0[(int64_t)t * P], e1[(int64_t)t * P] * e1[(int64_t)t * P]);
+    for (int k = 2; k < regs; ++k) {
+        const float* ek = xp + (int64_t)(k / P) * pass + k % P;
+        for (int t = 0; t < active; ++t) lane[t] = std::fmaf(ek[(int64_t)t * P], ek[(int64_t)t * P], lane[t]);
+    }
+}
+
 // tl.sum(v * v, 0) of one fp32 row x[0..n) as Triton reduces it on an NVIDIA GPU for a blocked
 // layout of `per` contiguous elements per thread, `warps` warps over `block` elements (zeros
 // past n) -- dsv41.core.gpu_approx.tl_sum_sq: thread t's registers in order (repetition,
@@ -541,20 +563,42 @@ static inline float exp_approx(float z, const Approx& t) {
 // warp sums folded the same way.
 static inline float tl_sum_sq(const float* x, int64_t n, int block, int warps, int per) {
     const int threads = 32 * warps, reps = block / (threads * per), regs = reps * per;
-    float lane[1024];  // threads <= 1024
-    for (int t = 0; t < threads; ++t) {
-        float acc = 0.0f, first = 0.0f;
-        for (int k = 0; k < regs; ++k) {
-            const int64_t j = (int64_t)(k / per) * threads * per + (int64_t)t * per + k % per;
-            const float e = j < n ? x[j] : 0.0f;
-            if (k == 0)
-                first = e;
-            else if (k == 1)
-                acc = std::fmaf(first, first, e * e);
-            else
-                acc = std::fmaf(e, e, acc);
-        }
-        lane[t] = regs == 1 ? first * first : acc;
+    alignas(64) float lane[1024];  // threads <= 1024
+    // a row narrower than the block reads zeros past its end.  One pass whose row ends at a
+    // thread's boundary: the threads past the row hold zeros only and sum to +0 (a square is
+    // never -0), so only the others are summed.  Otherwise from a padded copy, so that the
+    // loops below have no bounds test.
+    thread_local std::vector<float> padded;
+    const float* xp = x;
+    int active = threads;
+    if (n < block && reps == 1 && n % per == 0) {
+        active = (int)(std::max<int64_t>(n, 0) / per);
+        std::fill(lane + active, lane + threads, 0.0f);
+    } else if (n < block) {
+        padded.assign((size_t)block, 0.0f);
+        std::memcpy(padded.data(), x, (size_t)std::max<int64_t>(n, 0) * sizeof(float));
+        xp = padded.data();
+    }
+    switch (per) {
+        case 1: tl_lane_sums<1>(xp, threads, active, regs, lane); break;
+        case 2: tl_lane_sums<2>(xp, threads, active, regs, lane); break;
+        case 4: tl_lane_sums<4>(xp, threads, active, regs, lane); break;
+        case 8: tl_lane_sums<8>(xp, threads, active, regs, lane); break;
+        case 16: tl_lane_sums<16>(xp, threads, active, regs, lane); break;
+        default:
+            for (int t = 0; t < active; ++t) {
+                float acc = 0.0f, first = 0.0f;
+                for (int k = 0; k < regs; ++k) {
+                    const float e = xp[(int64_t)(k / per) * threads * per + (int64_t)t * per + k % per];
+                    if (k == 0)
+                        first = e;
+                    else if (k == 1)
+                        acc = std::fmaf(first, first, e * e);
+                    else
+                        acc = std::fmaf(e, e, acc);
+                }
+                lane[t] = regs == 1 ? first * first : acc;
+            }
     }
     for (int g = 0; g < warps; ++g) {
         float* L = lane + 32 * g;

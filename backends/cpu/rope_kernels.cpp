@@ -9,12 +9,14 @@
 //
 // Every output byte equals the reference's.  fp32 arithmetic is written out operation by
 // operation (the build uses -ffp-contract=off; fmaf() appears exactly where the spec fuses).
-// The reference's float64 steps are done in double here as well:
-//   * sums of squares: the compressor norm in vLLM's fp32 order (sum_sq512_vllm); the Q / KV
-//     norm in float64 rounded once to fp32.
+// Where vLLM's GPU kernels differ from correctly rounded arithmetic, so does this code:
+//   * sums of squares in the fp32 order of vLLM's tl.sum: the compressor norm's layout
+//     (sum_sq512_vllm), the Q / KV norm's layout for its row widths (common.h tl_sum_sq);
 //   * rsqrt, the compressor softmax's exp and division: the NVIDIA GPU's approximate
 //     primitives from the tables of dsv41.core.gpu_approx (common.h rsqrt_approx, exp_approx,
-//     div_full), as vLLM's kernels compute them.
+//     div_full), as vLLM's kernels compute them.  Each is a lookup in a 32-64 MB table, at a
+//     random place for random scores; the CR-2 pooling, two lookups per element, reads a
+//     compact form of its two tables on AVX-512 hosts (CompactTables below).
 // Where the reference rounds fp32 -> bf16 with torch (codecs.rnbf16, copy_ into bf16), a NaN
 // becomes 0xFFFF as torch's CPU cast writes it; where it stores a computed bf16 result it is the
 // GPU's canonical 0x7FFF (finding 3).
@@ -25,6 +27,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -138,29 +142,167 @@ inline void rmsnorm512_store(const float* x, const float* w, float eps, const in
     for (int d = 0; d < HEAD; ++d) dst[d] = rk_bf16_canon((x[d] * r) * w[d]);
 }
 
-// Softmax-pool of two kv|score rows (older a, newer b), per dim (C §8.1 pool):
+// Softmax-pool of two kv|score rows (older a, newer b), dim d (C §8.1 pool):
 // m = max(sa, sb) (NaN propagates), ea = exp(sa - m), eb = exp(sb - m), w = e / (ea + eb)
 // with the GPU's tl.exp and div.full (exp_approx, div_full), pooled = fma(wa, kva, fl32(wb * kvb)).  One of sa - m, sb - m is zero (exp = 1 exactly)
 // unless a NaN / inf is involved, so one exp per dim is evaluated; the non-finite cases
 // (both differences non-zero: one of them is then NaN, the other NaN or -inf) are resolved
 // exactly as the two-exp formula does.
-inline void pool_rows(const float* __restrict a, const float* __restrict b, float* __restrict out,
-                      const Approx& ap) {
-    for (int d = 0; d < HEAD; ++d) {
-        const float sa = a[HEAD + d], sb = b[HEAD + d];
-        float m = sa > sb ? sa : sb;
-        m = (sa != sa) ? sa : m;  // torch.maximum propagates NaN
-        m = (sb != sb) ? sb : m;
-        const float za = sa - m, zb = sb - m;
-        const bool a0 = za == 0.0f, b0 = zb == 0.0f;
-        const float E = exp_approx(a0 ? zb : za, ap);
-        const float ea = a0 ? 1.0f : E;
-        const float eb_other = (zb != zb) ? zb : 0.0f;  // exp(NaN) = NaN, exp(-inf) = 0
-        const float eb = b0 ? 1.0f : (a0 ? E : eb_other);
-        const float den = ea + eb;
-        const float wa = div_full(ea, den, ap.rcp), wb = div_full(eb, den, ap.rcp);
-        out[d] = std::fmaf(wa, a[d], wb * b[d]);
+inline float pool_dim(const float* __restrict a, const float* __restrict b, int d, const Approx& ap) {
+    const float sa = a[HEAD + d], sb = b[HEAD + d];
+    float m = sa > sb ? sa : sb;
+    m = (sa != sa) ? sa : m;  // torch.maximum propagates NaN
+    m = (sb != sb) ? sb : m;
+    const float za = sa - m, zb = sb - m;
+    const bool a0 = za == 0.0f, b0 = zb == 0.0f;
+    const float E = exp_approx(a0 ? zb : za, ap);
+    const float ea = a0 ? 1.0f : E;
+    const float eb_other = (zb != zb) ? zb : 0.0f;  // exp(NaN) = NaN, exp(-inf) = 0
+    const float eb = b0 ? 1.0f : (a0 ? E : eb_other);
+    const float den = ea + eb;
+    const float wa = div_full(ea, den, ap.rcp), wb = div_full(eb, den, ap.rcp);
+    return std::fmaf(wa, a[d], wb * b[d]);
+}
+
+struct CompactTables;
+
+#if DSV41_CPU_AVX512
+// The ex2neg and rcp tables in a form that fits the caches (the full ones, 32 MB each, are read
+// at random places by the pooling): each entry as a 4-bit difference from a base computed here
+// in float64 -- ex2neg[f] from 2^-(f / 2^23) = H[f >> 12] * L[f & 4095], rcp[m] from
+// 1 / (1 + m / 2^23) -- rounded to fp32 (8 MB in all).  Built from the full tables on first
+// use (compact_tables); where a difference does not fit 4 bits the full tables serve.
+struct CompactTables {
+    std::vector<double> h, l;         // 2^-(i * 4096 / 2^23), 2^-(k / 2^23)
+    std::vector<uint32_t> ex2d, rcpd;  // 8 differences per word, entry i at bits 4 (i & 7)
+};
+
+inline float ex2neg_base(const CompactTables& c, uint32_t f) { return (float)(c.h[f >> 12] * c.l[f & 4095]); }
+inline float rcp_base(uint32_t m) { return (float)(1.0 / (double)from_bits(0x3F800000u | m)); }
+
+inline bool pack_differences(const int32_t* tab, std::vector<uint32_t>& words, float (*base)(const CompactTables&, uint32_t),
+                             const CompactTables& c) {
+    words.assign((1u << 23) / 8, 0u);
+    for (uint32_t i = 0; i < (1u << 23); ++i) {
+        const int64_t d = (int64_t)tab[i] - (int64_t)bits(base(c, i));
+        if (d < -8 || d > 7) return false;
+        words[i >> 3] |= ((uint32_t)d & 15u) << (4 * (i & 7));
     }
+    return true;
+}
+
+// 16 entries of a compact table: base bits + the packed 4-bit difference
+inline __m512i compact_entry(__m512i base_bits, __m512i i, const uint32_t* words) {
+    const __m512i w = _mm512_i32gather_epi32(_mm512_srli_epi32(i, 3), (const int*)words, 4);
+    const __m512i nib = _mm512_and_si512(_mm512_srlv_epi32(w, _mm512_slli_epi32(_mm512_and_si512(i, _mm512_set1_epi32(7)), 2)),
+                                         _mm512_set1_epi32(15));
+    return _mm512_add_epi32(base_bits, _mm512_sub_epi32(_mm512_xor_si512(nib, _mm512_set1_epi32(8)), _mm512_set1_epi32(8)));
+}
+
+// two __m512d (lanes 0-7, 8-15) rounded to fp32 into one __m512
+inline __m512 to_f32x16(__m512d lo, __m512d hi) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo)), _mm512_cvtpd_ps(hi), 1);
+}
+
+inline __m512i ex2neg_entries(__m512i f, const Approx& ap, const CompactTables* c) {
+    if (!c) return _mm512_i32gather_epi32(f, ap.ex2neg, 4);
+    const __m512i hi = _mm512_srli_epi32(f, 12), lo = _mm512_and_si512(f, _mm512_set1_epi32(4095));
+    const __m512d p0 = _mm512_mul_pd(_mm512_i32gather_pd(_mm512_castsi512_si256(hi), c->h.data(), 8),
+                                     _mm512_i32gather_pd(_mm512_castsi512_si256(lo), c->l.data(), 8));
+    const __m512d p1 = _mm512_mul_pd(_mm512_i32gather_pd(_mm512_extracti64x4_epi64(hi, 1), c->h.data(), 8),
+                                     _mm512_i32gather_pd(_mm512_extracti64x4_epi64(lo, 1), c->l.data(), 8));
+    return compact_entry(_mm512_castps_si512(to_f32x16(p0, p1)), f, c->ex2d.data());
+}
+
+inline __m512i rcp_entries(__m512i m, const Approx& ap, const CompactTables* c) {
+    if (!c) return _mm512_i32gather_epi32(m, ap.rcp, 4);
+    const __m512 x = _mm512_castsi512_ps(_mm512_or_si512(m, _mm512_set1_epi32(0x3F800000)));
+    const __m512d one = _mm512_set1_pd(1.0);
+    const __m512d r0 = _mm512_div_pd(one, _mm512_cvtps_pd(_mm512_castps512_ps256(x)));
+    const __m512d r1 = _mm512_div_pd(one, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1))));
+    return compact_entry(_mm512_castps_si512(to_f32x16(r0, r1)), m, c->rcpd.data());
+}
+
+// nullptr: none.  Built once per pair of tables (they live as long as the process), then read
+// back through the vector code over every entry: any entry that does not come back equal to
+// the full table's leaves the full tables in use.
+inline const CompactTables* compact_tables(const Approx& ap) {
+    static std::mutex mu;
+    static const int32_t *key_ex2neg = nullptr, *key_rcp = nullptr;
+    static std::unique_ptr<CompactTables> built;
+    std::lock_guard<std::mutex> lock(mu);
+    if (key_ex2neg != ap.ex2neg || key_rcp != ap.rcp) {
+        auto c = std::make_unique<CompactTables>();
+        c->h.resize(2048);
+        c->l.resize(4096);
+        for (int i = 0; i < 2048; ++i) c->h[i] = std::exp2(-(double)(i * 4096) / 8388608.0);
+        for (int k = 0; k < 4096; ++k) c->l[k] = std::exp2(-(double)k / 8388608.0);
+        bool ok = pack_differences(ap.ex2neg, c->ex2d, ex2neg_base, *c) &&
+                  pack_differences(ap.rcp, c->rcpd, [](const CompactTables&, uint32_t m) { return rcp_base(m); }, *c);
+        const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+        for (int32_t i = 0; ok && i < (1 << 23); i += 16) {
+            const __m512i idx = _mm512_add_epi32(iota, _mm512_set1_epi32(i));
+            ok = _mm512_cmpneq_epi32_mask(ex2neg_entries(idx, ap, c.get()), _mm512_loadu_si512(ap.ex2neg + i)) == 0 &&
+                 _mm512_cmpneq_epi32_mask(rcp_entries(idx, ap, c.get()), _mm512_loadu_si512(ap.rcp + i)) == 0;
+        }
+        built = ok ? std::move(c) : nullptr;
+        key_ex2neg = ap.ex2neg;
+        key_rcp = ap.rcp;
+    }
+    return built.get();
+}
+
+// pool_dim for dims d0 .. d0 + 15 at once where every one is ordinary: finite scores whose
+// exp argument lies in [-126, 0] (then one of the two differences is 0, the other's exp is the
+// ex2neg table's, and the denominator lies in [1, 2], so div_full's scaling is 1).  The 16
+// table reads of each step are issued together (gathers), from the compact tables `ct` where
+// there are some.  False, nothing written: a lane is not ordinary.
+inline bool pool16_avx512(const float* __restrict a, const float* __restrict b, float* __restrict out,
+                          int d0, const Approx& ap, const CompactTables* ct) {
+    const __m512 zero = _mm512_setzero_ps();
+    const __m512 sa = _mm512_loadu_ps(a + HEAD + d0), sb = _mm512_loadu_ps(b + HEAD + d0);
+    const __m512 m = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(sa, sb, _CMP_GT_OQ), sb, sa);
+    const __m512 za = _mm512_sub_ps(sa, m), zb = _mm512_sub_ps(sb, m);
+    const __mmask16 a0 = _mm512_cmp_ps_mask(za, zero, _CMP_EQ_OQ);
+    const __mmask16 b0 = _mm512_cmp_ps_mask(zb, zero, _CMP_EQ_OQ);
+    const __m512 arg = _mm512_mul_ps(_mm512_mask_blend_ps(a0, za, zb), _mm512_set1_ps(1.44269502162933349609375f));
+    const __mmask16 ok = _mm512_cmp_ps_mask(arg, _mm512_set1_ps(-126.0f), _CMP_GE_OQ) &
+                         _mm512_cmp_ps_mask(arg, zero, _CMP_LE_OQ);
+    if (ok != 0xFFFF) return false;
+    // ex2_approx_ftz: |arg| as fixed point with 23 fraction bits, truncated (exact: |arg| <= 126)
+    const __m512i q = _mm512_cvttps_epi32(_mm512_mul_ps(_mm512_abs_ps(arg), _mm512_set1_ps(8388608.0f)));
+    const __m512i f = _mm512_and_si512(q, _mm512_set1_epi32(0x7FFFFF));
+    const __m512i o = _mm512_sub_epi32(ex2neg_entries(f, ap, ct), _mm512_slli_epi32(_mm512_srli_epi32(q, 23), 23));
+    // (an argument of 0 has both differences 0: E is not used there)
+    const __m512 E = _mm512_castsi512_ps(
+        _mm512_maskz_mov_epi32(_mm512_cmp_epi32_mask(o, _mm512_set1_epi32(0x800000), _MM_CMPINT_NLT), o));
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 ea = _mm512_mask_blend_ps(a0, E, one);
+    const __m512 eb = _mm512_mask_blend_ps(b0, E, one);
+    const __m512 den = _mm512_add_ps(ea, eb);
+    // rcp_approx of den in [1, 2]: the table at its mantissa, scaled by its exponent
+    const __m512i db = _mm512_castps_si512(den);
+    const __m512i r = _mm512_sub_epi32(
+        rcp_entries(_mm512_and_si512(db, _mm512_set1_epi32(0x7FFFFF)), ap, ct),
+        _mm512_slli_epi32(_mm512_sub_epi32(_mm512_srli_epi32(db, 23), _mm512_set1_epi32(127)), 23));
+    const __m512 rc = _mm512_castsi512_ps(r);
+    const __m512 wa = _mm512_mul_ps(ea, rc), wb = _mm512_mul_ps(eb, rc);
+    _mm512_storeu_ps(out + d0, _mm512_fmadd_ps(wa, _mm512_loadu_ps(a + d0), _mm512_mul_ps(wb, _mm512_loadu_ps(b + d0))));
+    return true;
+}
+#endif
+
+// Softmax-pool of two kv|score rows (older a, newer b), every dim (pool_dim).
+inline void pool_rows(const float* __restrict a, const float* __restrict b, float* __restrict out,
+                      const Approx& ap, const CompactTables* ct) {
+#if DSV41_CPU_AVX512
+    for (int d0 = 0; d0 < HEAD; d0 += 16)
+        if (!pool16_avx512(a, b, out, d0, ap, ct))
+            for (int d = d0; d < d0 + 16; ++d) out[d] = pool_dim(a, b, d, ap);
+#else
+    (void)ct;
+    for (int d = 0; d < HEAD; ++d) out[d] = pool_dim(a, b, d, ap);
+#endif
 }
 
 RK_WIDE_END
@@ -201,6 +343,11 @@ void dsv41_fused_save_compress_norm(
     }
 
     // ---- CR 2: pooled latents of the closing tokens (the ring is read before it is updated)
+#if DSV41_CPU_AVX512
+    const CompactTables* compact = compact_tables(ap);
+#else
+    const CompactTables* compact = nullptr;
+#endif
     std::vector<int64_t> q(std::max<int64_t>(qsl_n, 1));
     for (int64_t i = 0; i < qsl_n; ++i) q[i] = load_index(qsl, i, qsl_s0, qsl_is64);
 #pragma omp parallel if (par)
@@ -230,7 +377,7 @@ void dsv41_fused_save_compress_norm(
                 const int64_t prev = t - 1 >= 0 ? t - 1 : rows - 1;  // torch's index -1
                 older = kv + prev * kv_s0;
             }
-            pool_rows(older, kv + t * kv_s0, pooled, ap);
+            pool_rows(older, kv + t * kv_s0, pooled, ap, compact);
             rmsnorm512_store(pooled, w, eps, ap.rsqrt, latent + t * lat_s0);
         }
     }
