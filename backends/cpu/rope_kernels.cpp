@@ -16,7 +16,7 @@
 //     primitives from the tables of dsv41.core.gpu_approx (common.h rsqrt_approx, exp_approx,
 //     div_full), as vLLM's kernels compute them.  Each is a lookup in a 32-64 MB table, at a
 //     random place for random scores; the CR-2 pooling, two lookups per element, reads a
-//     compact form of its two tables on AVX-512 hosts (CompactTables below).
+//     compact form of its two tables on AVX-512 hosts (common.h CompactTables).
 // Where the reference rounds fp32 -> bf16 with torch (codecs.rnbf16, copy_ into bf16), a NaN
 // becomes 0xFFFF as torch's CPU cast writes it; where it stores a computed bf16 result it is the
 // GPU's canonical 0x7FFF (finding 3).
@@ -27,8 +27,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <memory>
-#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -164,94 +162,7 @@ inline float pool_dim(const float* __restrict a, const float* __restrict b, int 
     return std::fmaf(wa, a[d], wb * b[d]);
 }
 
-struct CompactTables;
-
 #if DSV41_CPU_AVX512
-// The ex2neg and rcp tables in a form that fits the caches (the full ones, 32 MB each, are read
-// at random places by the pooling): each entry as a 4-bit difference from a base computed here
-// in float64 -- ex2neg[f] from 2^-(f / 2^23) = H[f >> 12] * L[f & 4095], rcp[m] from
-// 1 / (1 + m / 2^23) -- rounded to fp32 (8 MB in all).  Built from the full tables on first
-// use (compact_tables); where a difference does not fit 4 bits the full tables serve.
-struct CompactTables {
-    std::vector<double> h, l;         // 2^-(i * 4096 / 2^23), 2^-(k / 2^23)
-    std::vector<uint32_t> ex2d, rcpd;  // 8 differences per word, entry i at bits 4 (i & 7)
-};
-
-inline float ex2neg_base(const CompactTables& c, uint32_t f) { return (float)(c.h[f >> 12] * c.l[f & 4095]); }
-inline float rcp_base(uint32_t m) { return (float)(1.0 / (double)from_bits(0x3F800000u | m)); }
-
-inline bool pack_differences(const int32_t* tab, std::vector<uint32_t>& words, float (*base)(const CompactTables&, uint32_t),
-                             const CompactTables& c) {
-    words.assign((1u << 23) / 8, 0u);
-    for (uint32_t i = 0; i < (1u << 23); ++i) {
-        const int64_t d = (int64_t)tab[i] - (int64_t)bits(base(c, i));
-        if (d < -8 || d > 7) return false;
-        words[i >> 3] |= ((uint32_t)d & 15u) << (4 * (i & 7));
-    }
-    return true;
-}
-
-// 16 entries of a compact table: base bits + the packed 4-bit difference
-inline __m512i compact_entry(__m512i base_bits, __m512i i, const uint32_t* words) {
-    const __m512i w = _mm512_i32gather_epi32(_mm512_srli_epi32(i, 3), (const int*)words, 4);
-    const __m512i nib = _mm512_and_si512(_mm512_srlv_epi32(w, _mm512_slli_epi32(_mm512_and_si512(i, _mm512_set1_epi32(7)), 2)),
-                                         _mm512_set1_epi32(15));
-    return _mm512_add_epi32(base_bits, _mm512_sub_epi32(_mm512_xor_si512(nib, _mm512_set1_epi32(8)), _mm512_set1_epi32(8)));
-}
-
-// two __m512d (lanes 0-7, 8-15) rounded to fp32 into one __m512
-inline __m512 to_f32x16(__m512d lo, __m512d hi) {
-    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo)), _mm512_cvtpd_ps(hi), 1);
-}
-
-inline __m512i ex2neg_entries(__m512i f, const Approx& ap, const CompactTables* c) {
-    if (!c) return _mm512_i32gather_epi32(f, ap.ex2neg, 4);
-    const __m512i hi = _mm512_srli_epi32(f, 12), lo = _mm512_and_si512(f, _mm512_set1_epi32(4095));
-    const __m512d p0 = _mm512_mul_pd(_mm512_i32gather_pd(_mm512_castsi512_si256(hi), c->h.data(), 8),
-                                     _mm512_i32gather_pd(_mm512_castsi512_si256(lo), c->l.data(), 8));
-    const __m512d p1 = _mm512_mul_pd(_mm512_i32gather_pd(_mm512_extracti64x4_epi64(hi, 1), c->h.data(), 8),
-                                     _mm512_i32gather_pd(_mm512_extracti64x4_epi64(lo, 1), c->l.data(), 8));
-    return compact_entry(_mm512_castps_si512(to_f32x16(p0, p1)), f, c->ex2d.data());
-}
-
-inline __m512i rcp_entries(__m512i m, const Approx& ap, const CompactTables* c) {
-    if (!c) return _mm512_i32gather_epi32(m, ap.rcp, 4);
-    const __m512 x = _mm512_castsi512_ps(_mm512_or_si512(m, _mm512_set1_epi32(0x3F800000)));
-    const __m512d one = _mm512_set1_pd(1.0);
-    const __m512d r0 = _mm512_div_pd(one, _mm512_cvtps_pd(_mm512_castps512_ps256(x)));
-    const __m512d r1 = _mm512_div_pd(one, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1))));
-    return compact_entry(_mm512_castps_si512(to_f32x16(r0, r1)), m, c->rcpd.data());
-}
-
-// nullptr: none.  Built once per pair of tables (they live as long as the process), then read
-// back through the vector code over every entry: any entry that does not come back equal to
-// the full table's leaves the full tables in use.
-inline const CompactTables* compact_tables(const Approx& ap) {
-    static std::mutex mu;
-    static const int32_t *key_ex2neg = nullptr, *key_rcp = nullptr;
-    static std::unique_ptr<CompactTables> built;
-    std::lock_guard<std::mutex> lock(mu);
-    if (key_ex2neg != ap.ex2neg || key_rcp != ap.rcp) {
-        auto c = std::make_unique<CompactTables>();
-        c->h.resize(2048);
-        c->l.resize(4096);
-        for (int i = 0; i < 2048; ++i) c->h[i] = std::exp2(-(double)(i * 4096) / 8388608.0);
-        for (int k = 0; k < 4096; ++k) c->l[k] = std::exp2(-(double)k / 8388608.0);
-        bool ok = pack_differences(ap.ex2neg, c->ex2d, ex2neg_base, *c) &&
-                  pack_differences(ap.rcp, c->rcpd, [](const CompactTables&, uint32_t m) { return rcp_base(m); }, *c);
-        const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-        for (int32_t i = 0; ok && i < (1 << 23); i += 16) {
-            const __m512i idx = _mm512_add_epi32(iota, _mm512_set1_epi32(i));
-            ok = _mm512_cmpneq_epi32_mask(ex2neg_entries(idx, ap, c.get()), _mm512_loadu_si512(ap.ex2neg + i)) == 0 &&
-                 _mm512_cmpneq_epi32_mask(rcp_entries(idx, ap, c.get()), _mm512_loadu_si512(ap.rcp + i)) == 0;
-        }
-        built = ok ? std::move(c) : nullptr;
-        key_ex2neg = ap.ex2neg;
-        key_rcp = ap.rcp;
-    }
-    return built.get();
-}
-
 // pool_dim for dims d0 .. d0 + 15 at once where every one is ordinary: finite scores whose
 // exp argument lies in [-126, 0] (then one of the two differences is 0, the other's exp is the
 // ex2neg table's, and the denominator lies in [1, 2], so div_full's scaling is 1).  The 16
