@@ -753,28 +753,34 @@ def _gather_kernel(
     # values never leave a tensor (docs/bad_input.md): rows past out.shape[1] are not
     # written, and a row whose position is negative, whose logical block is past the table
     # width or whose block id is outside the cache is written as zeros (its loads are masked
-    # off and decode to +0).  Lengths in int64, so no value wraps around.
+    # off and decode to +0).  The per-request terms in int64, so no value wraps around; per
+    # row, 32-bit compares only: rows i < first = n - L have a negative position, and a row's
+    # position L - n + i is below L < 2^31 once i >= first, so its 32-bit sum is exact.
+    # num_blocks is at most 2^31 - 1 (the launcher caps it): a block id of the int32 table is
+    # in range when it is below it as an unsigned number (negative ids are >= 2^31 there).
     L = tl.load(seq_lens_ptr + r).to(tl.int64)
     if HAS_GL:
         n = tl.load(gather_lens_ptr + r).to(tl.int64)
     else:
         n = L
-    start = L - n
     n_out = tl.minimum(n, out_rows).to(tl.int32)
+    first = tl.minimum(tl.maximum(n - L, 0), out_rows).to(tl.int32)
+    start = (L - n).to(tl.int32)  # wraps where L - n < -2^31, which only rows i < first see
     r64 = r.to(tl.int64)
     o16 = out_ptr.to(tl.pointer_type(tl.int16))
     for i0 in range(w * BLOCK_T, n_out, nw * BLOCK_T):
         i = i0 + tl.arange(0, BLOCK_T)
         m = i < n_out
-        p = start + i
-        pm = m & (p >= 0)
-        pc = tl.where(pm, p, 0).to(tl.int32)  # p < L, and in range: < 2^31
+        pm = m & (i >= first)
+        # unsigned, so the page index is a shift; where pm is false, every load is masked off
+        # and the values below are not used
+        pc = (start + i).to(tl.uint32, bitcast=True)
         j = pc // block_size
         jm = pm & (j < bt_width)
-        blk = tl.load(bt_ptr + r64 * bt_s0 + j, mask=jm, other=-1).to(tl.int64)
-        ok = jm & (blk >= 0) & (blk < num_blocks)
-        tok = pc - j * block_size
-        page = tl.where(ok, blk, 0) * page_stride
+        blk = tl.load(bt_ptr + r64 * bt_s0 + j, mask=jm, other=-1)
+        ok = jm & (blk.to(tl.uint32, bitcast=True) < num_blocks)
+        tok = (pc - j * block_size).to(tl.int32, bitcast=True)
+        page = blk.to(tl.int64) * page_stride
         orow = r64 * out_s0 + (offset + i).to(tl.int64) * out_s1
         if REC == 288:
             # NVFP4: VB = 256 packed bytes, SB = 32 e4m3 scales (always OCP)
@@ -840,7 +846,8 @@ def dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_tab
     _gather_launch((R, workers),
         out, out.stride(0), out.stride(1), k_cache, page_stride, seq_lens,
         gather_lens if gather_lens is not None else seq_lens,
-        block_table, block_table.stride(0), block_table.shape[1], k_cache.shape[0], block_size, offset, rows,
+        block_table, block_table.stride(0), min(block_table.shape[1], 2**31 - 1),
+        min(k_cache.shape[0], 2**31 - 1), block_size, offset, rows,
         REC=int(rec), **_geometry(rec), HAS_GL=gather_lens is not None,
         TAIL_I16=(k_cache.data_ptr() | page_stride) % 2 == 0,
         FNUZ=bool(use_fnuz), SOFT=conversions.integer_path(dev), BLOCK_T=BT, PDL=pdl,
