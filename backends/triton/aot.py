@@ -45,6 +45,8 @@ class AotSpec:
     targets:     target names (keys of ``TARGETS``) this variant must build for
     divisible:   parameter names given Triton's ``tt.divisibility = 16`` hint (pointers
                  and strides the JIT would specialize the same way at run time)
+    maxnreg:     register cap the launch passes on NVIDIA (None: none); not applied to
+                 other targets, whose launches do not pass it
     """
 
     name: str
@@ -54,6 +56,7 @@ class AotSpec:
     num_warps: int = 4
     targets: tuple = ALL_TARGETS
     divisible: tuple = ()
+    maxnreg: int | None = None
 
 
 AOT_SPECS: list = []
@@ -131,7 +134,10 @@ def _compile(spec: AotSpec, target):
     for a in spec.divisible:
         attrs[(arg_names.index(a),)] = [["tt.divisibility", 16]]
     src = ASTSource(spec.kernel, dict(spec.signature), dict(spec.constexprs), attrs=attrs)
-    return triton.compile(src, target=target, options={"num_warps": spec.num_warps})
+    options = {"num_warps": spec.num_warps}
+    if spec.maxnreg and target.backend == "cuda":
+        options["maxnreg"] = spec.maxnreg
+    return triton.compile(src, target=target, options=options)
 
 
 INT_TYPES = ("i32", "i64", "u32", "u64")  # signature types of integer scalar parameters

@@ -319,8 +319,8 @@ def fused_indexer_q_rope_quant(
     assert index_q.stride(2) == 1 and q_out.stride(2) == 1 and cos_sin_cache.stride(-1) == 1
     assert nope % 2 == 0 and R % 2 == 0
     use_fp4 = bool(use_fp4)
-    block_p, bt, bh, warps, split, grid = tuning.remembered(("q", T, H, D, R, use_fp4), _indexer_q_config,
-                                                  T, H, D, R, use_fp4)
+    block_p, bt, bh, warps, split, grid, regs = tuning.remembered(("q", T, H, D, R, use_fp4), _indexer_q_config,
+                                                        T, H, D, R, use_fp4)
     out = q_out.view(torch.uint8)
     if use_fp4:
         assert D % 32 == 0 and nope % 32 == 0
@@ -354,23 +354,36 @@ def fused_indexer_q_rope_quant(
         SPLIT=split, USE_FP4=use_fp4, FNUZ=bool(use_fnuz) and not use_fp4,
         CVT_HW=use_hw_convert(index_q.device), WO_BF16=wo_bf16, OFF64=off64, WORDS=words,
         PTX=use_fp4 and use_ptx(index_q.device), PDL=pdl, num_warps=warps,
-        **launch.pdl_kwargs(pdl),
+        **launch.pdl_kwargs(pdl), **({"maxnreg": int(regs)} if regs and use_ptx(index_q.device) else {}),
     )
     return None
 
 
+# Register cap (ptxas maxnreg) of the FP8 indexer-Q programs on NVIDIA; None: the compiler's
+# choice.  Triton 3.6 builds the production program (1 token x 64 heads, 4 warps) with 86
+# registers, which holds an SM to 5 programs; 9e78256's build had 76 (6 programs) and ran at
+# 0.96 of copy at 65536 tokens on an H200 against 0.90 for the 86-register build
+# (h200-regression-38-vs-9e78256.txt; level on an H100).  Under the cap Triton 3.6 builds it with
+# 76 registers and no local memory (Triton 3.9: 93 uncapped, 80 with 16 bytes of stack).
+# The sweep space "fused_indexer_q_rope_quant [FP8] maxnreg" times the alternatives.
+INDEXER_Q_FP8_MAXNREG = 80
+
+
 def _indexer_q_config(T: int, H: int, D: int, R: int, use_fp4: bool) -> tuple:
-    """(BLOCK_P, BLOCK_T, BLOCK_H, num_warps, SPLIT, grid) of an indexer-Q launch."""
+    """(BLOCK_P, BLOCK_T, BLOCK_H, num_warps, SPLIT, grid, register cap) of an indexer-Q
+    launch; a launch-shape override may carry ``maxnreg`` (None: uncapped)."""
     nope = D - R
     block_p = _pow2(D // 2)
     target, warps = _target(T * H * D, 8192, 4)
     bt, bh = _tile_th(T, H, 2 * block_p, target)
+    regs = None if use_fp4 else INDEXER_Q_FP8_MAXNREG
     cfg = _launch_shape("fused_indexer_q_rope_quant", T, "mxfp4" if use_fp4 else "fp8")
     if cfg:
         bt, bh, warps = cfg["BLOCK_T"], cfg["BLOCK_H"], cfg["num_warps"]
+        regs = cfg.get("maxnreg", regs)
     least = 32 if use_fp4 else 2
     split = _is_pow2(nope) and _is_pow2(R) and nope >= least and R >= least
-    return block_p, bt, bh, warps, split, (launch.cdiv(T, bt), launch.cdiv(H, bh))
+    return block_p, bt, bh, warps, split, (launch.cdiv(T, bt), launch.cdiv(H, bh)), regs
 
 
 # ============================================================== §4 fused_inv_rope_fp8_quant
@@ -816,7 +829,8 @@ def _register_aot() -> None:
         register(AotSpec(f"rope_kernels._indexer_q_kernel[{tag}]", _indexer_q_kernel,
                          _aot_signature(_indexer_q_kernel, pp, ("softmax_scale", "head_scale")),
                          c, num_warps=4, targets=targets,
-                         divisible=("q_ptr", "out_ptr", "s_q0", "s_q1", "s_o0", "s_o1")))
+                         divisible=("q_ptr", "out_ptr", "s_q0", "s_q1", "s_o0", "s_o1"),
+                         maxnreg=INDEXER_Q_FP8_MAXNREG if hw and not fp4 else None))
 
     # §4 inverse RoPE: 8 heads per group, Dh 512 = 448 + 64.
     p = {"o_ptr": "*bf16", "pos_ptr": "*i64", "cs_ptr": "*fp32", "out_ptr": "*u8", "sc_ptr": "*fp32"}

@@ -75,6 +75,12 @@ SPACES = {
                                             "fused_save_compress_norm [CR2]"),
     "fused_indexer_q_rope_quant [FP8]": (("rope", "fused_indexer_q_rope_quant"),
                                          _grid(BLOCK_T=(1, 2, 4), BLOCK_H=(16, 32, 64), num_warps=(4, 8))),
+    # the FP8 production shape (1 token x 64 heads, 4 warps) under register caps (None: the
+    # compiler's choice; rope_kernels.INDEXER_Q_FP8_MAXNREG is the default)
+    "fused_indexer_q_rope_quant [FP8] maxnreg": (("rope", "fused_indexer_q_rope_quant"),
+                                                 [dict(BLOCK_T=1, BLOCK_H=64, num_warps=4, maxnreg=r)
+                                                  for r in (None, 72, 80, 88)],
+                                                 "fused_indexer_q_rope_quant [FP8]"),
     "fused_indexer_q_rope_quant [MXFP4]": (("rope", "fused_indexer_q_rope_quant"),
                                            _grid(BLOCK_T=(1, 2, 4), BLOCK_H=(16, 32, 64), num_warps=(4, 8))),
     "fused_inv_rope_fp8_quant": (("rope", "fused_inv_rope_fp8_quant"),
