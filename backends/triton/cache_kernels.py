@@ -181,7 +181,7 @@ def _ptx(t: torch.Tensor) -> bool:
 
 def _maxnreg(t: torch.Tensor, regs) -> dict:
     """Launch keyword capping registers per thread (NVIDIA builds only; none otherwise)."""
-    return {"maxnreg": int(regs)} if regs and _ptx(t) else {}
+    return launch.maxnreg_kwargs(regs, _ptx(t))
 
 
 def _exact_log2() -> bool:

@@ -93,6 +93,12 @@ def pdl_kwargs(on: bool) -> dict:
     return {"launch_pdl": True} if on else {}
 
 
+def maxnreg_kwargs(regs, nvidia: bool) -> dict:
+    """Launch keyword capping registers per thread (ptxas ``maxnreg``) where ``regs`` is set
+    and the build is an NVIDIA one (none otherwise: other backends have no such option)."""
+    return {"maxnreg": int(regs)} if regs and nvidia else {}
+
+
 # Host-side integer helpers for the launchers.  ``triton.cdiv`` / ``triton.next_power_of_2``
 # are constexpr functions in recent Triton, and calling one from Python goes through
 # argument unwrapping (~1-2 us each, several per launch); these are plain integer math.

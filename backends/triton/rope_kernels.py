@@ -340,6 +340,7 @@ def fused_indexer_q_rope_quant(
                  and index_q.stride(1) % 2 == 0 and index_q.storage_offset() % 2 == 0)
         q = index_q.view(torch.int32) if words else index_q.view(torch.int16)
     pdl = launch.decode_pdl(index_q.device, T)
+    ptx = use_ptx(index_q.device)
     _indexer_q_launch(grid,
         positions, positions.stride(0),
         q, q.stride(0), q.stride(1),
@@ -353,8 +354,8 @@ def fused_indexer_q_rope_quant(
         BLOCK_T=bt, BLOCK_H=bh, BLOCK_P=block_p,
         SPLIT=split, USE_FP4=use_fp4, FNUZ=bool(use_fnuz) and not use_fp4,
         CVT_HW=use_hw_convert(index_q.device), WO_BF16=wo_bf16, OFF64=off64, WORDS=words,
-        PTX=use_fp4 and use_ptx(index_q.device), PDL=pdl, num_warps=warps,
-        **launch.pdl_kwargs(pdl), **({"maxnreg": int(regs)} if regs and use_ptx(index_q.device) else {}),
+        PTX=use_fp4 and ptx, PDL=pdl, num_warps=warps,
+        **launch.pdl_kwargs(pdl), **launch.maxnreg_kwargs(regs, ptx),
     )
     return None
 
