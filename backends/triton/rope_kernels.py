@@ -361,13 +361,12 @@ def fused_indexer_q_rope_quant(
 
 
 # Register cap (ptxas maxnreg) of the FP8 indexer-Q programs on NVIDIA; None: the compiler's
-# choice.  Triton 3.6 builds the production program (1 token x 64 heads, 4 warps) with 86
-# registers, which holds an SM to 5 programs; 9e78256's build had 76 (6 programs) and ran at
-# 0.96 of copy at 65536 tokens on an H200 against 0.90 for the 86-register build
-# (h200-regression-38-vs-9e78256.txt; level on an H100).  Under the cap Triton 3.6 builds it with
-# 76 registers and no local memory (Triton 3.9: 93 uncapped, 80 with 16 bytes of stack).
-# The sweep space "fused_indexer_q_rope_quant [FP8] maxnreg" times the alternatives.
-INDEXER_Q_FP8_MAXNREG = 80
+# choice (Triton 3.6: 86 registers, 5 programs of 4 warps per SM).  On an H100 the uncapped
+# build is the fastest of none / 72 / 80 / 88 at 65536 tokens (543.8 us; 80: 551.3) and level
+# with 72 at 4096 (42.6 / 42.4 us; 80: 45.2), although 80 gives Triton 3.6 the 76 registers of
+# 9e78256's build (h100-indexer-q-cap-39.txt).  The sweep space
+# "fused_indexer_q_rope_quant [FP8] maxnreg" times the alternatives on other cards.
+INDEXER_Q_FP8_MAXNREG = None
 
 
 def _indexer_q_config(T: int, H: int, D: int, R: int, use_fp4: bool) -> tuple:
