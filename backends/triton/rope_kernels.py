@@ -361,7 +361,8 @@ def fused_indexer_q_rope_quant(
 
 
 # Register cap (ptxas maxnreg) of the FP8 indexer-Q programs on NVIDIA; None: the compiler's
-# choice (Triton 3.6: 86 registers, 5 programs of 4 warps per SM).  On an H100 the uncapped
+# choice (Triton 3.6: 86 registers, 5 programs of 4 warps per SM; the set-C contraction order
+# accounts for ten of them: the other order builds with 76).  On an H100 the uncapped
 # build is the fastest of none / 72 / 80 / 88 at 65536 tokens (543.8 us; 80: 551.3) and level
 # with 72 at 4096 (42.6 / 42.4 us; 80: 45.2), although 80 gives Triton 3.6 the 76 registers of
 # 9e78256's build (h100-indexer-q-cap-39.txt).  The sweep space
