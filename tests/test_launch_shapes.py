@@ -346,3 +346,38 @@ def test_index_kernels_32bit_offsets_only_where_every_offset_fits():
     assert kw["OFF32"] is True
     # an empty tensor addresses nothing
     assert launch.layout_span(((0, 5), (2**40, 1)), ((2, 3), (3, 1))) == 5
+
+
+def _indexer_q_reload_shapes():
+    from dsv41.backends.triton.sweep import SPACES
+
+    return [s for s in SPACES["fused_indexer_q_rope_quant [FP8] reload"][1] if s.get("reload_nope")]
+
+
+@pytest.mark.parametrize("shape", _indexer_q_reload_shapes(), ids=lambda s: f"maxnreg{s.get('maxnreg')}")
+@pytest.mark.parametrize("impl", TRITON_IMPLS or [None], ids=[i.name for i in TRITON_IMPLS] or ["none"])
+def test_indexer_q_nope_reload(impl, shape, monkeypatch):
+    """The FP8 indexer Q that loads the NoPE half a second time for its codes (the sweep's
+    ``reload_nope`` shapes, ``rope_kernels.INDEXER_Q_FP8_RELOAD``) writes the reference's bytes
+    on every conformance case of the op, OCP and FNUZ (MXFP4 cases run their own path)."""
+    from dsv41.backends.triton import rope_kernels, tuning
+
+    if impl is None:
+        pytest.skip("no Triton implementation runs here (GPU or TRITON_INTERPRET=1)")
+    op = "fused_indexer_q_rope_quant"
+    monkeypatch.setitem(tuning.OVERRIDES, op, dict(shape))
+    cases = [c for c in CASES if c.op == op]
+    assert any(rope_kernels._indexer_q_config(*_q_dims(c), False)[7] for c in cases), \
+        "no case takes the reloading FP8 path"
+    for case in cases:
+        args = case.build("cpu")
+        want = clone_args(args)
+        ReferenceBackend().load(case.op)(*want)
+        _run_and_compare(impl, case, args, want, f"{case.id} {shape}: ")
+
+
+def _q_dims(case):
+    """(T, H, D, R) of an indexer-Q conformance case (index_q [T, H, D], cos_sin_cache [., R])."""
+    args = case.build("cpu")
+    t, h, d = args[1].shape
+    return t, h, d, args[2].shape[-1]

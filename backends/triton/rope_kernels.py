@@ -177,7 +177,7 @@ def _indexer_q_kernel(
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr,
     SPLIT: tl.constexpr, USE_FP4: tl.constexpr, FNUZ: tl.constexpr, CVT_HW: tl.constexpr,
     WO_BF16: tl.constexpr, OFF64: tl.constexpr, WORDS: tl.constexpr, PTX: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, RELOAD_NOPE: tl.constexpr = False,
 ):
     launch.pdl_prologue(PDL)
     IDX: tl.constexpr = tl.int64 if OFF64 else tl.int32
@@ -231,6 +231,11 @@ def _indexer_q_kernel(
         amax = tl.maximum(_rmax(tl.abs(xn), axis=2), _rmax(tl.maximum(tl.abs(ne), tl.abs(no)), axis=2))
         E = _ceil_exp_bits(tl.maximum(amax, _EPS_Q) * (1.0 / FP8_MAX))
         inv = _inv_pow2_of(E)[:, :, None]  # x / 2^E, exact (0 for an infinite scale)
+        if RELOAD_NOPE:
+            # the NoPE half read again for its codes instead of held through the rotation
+            # (the cache modifier keeps the two loads apart; every load precedes every store)
+            xn = tl.load(q_ptr + qrow[:, :, None] + dn, mask=m3, other=0.0,
+                         cache_modifier=".ca").to(tl.float32)
         cn = _e4m3_code(xn * inv, FNUZ, CVT_HW, 0x7F).to(tl.uint8)
         tl.store(out_ptr + orow[:, :, None] + dn, cn, mask=m3)
         cr = tl.join(_e4m3_code(ne * inv, FNUZ, CVT_HW, 0x7F), _e4m3_code(no * inv, FNUZ, CVT_HW, 0x7F))
@@ -319,8 +324,8 @@ def fused_indexer_q_rope_quant(
     assert index_q.stride(2) == 1 and q_out.stride(2) == 1 and cos_sin_cache.stride(-1) == 1
     assert nope % 2 == 0 and R % 2 == 0
     use_fp4 = bool(use_fp4)
-    block_p, bt, bh, warps, split, grid, regs = tuning.remembered(("q", T, H, D, R, use_fp4), _indexer_q_config,
-                                                        T, H, D, R, use_fp4)
+    block_p, bt, bh, warps, split, grid, regs, reload = tuning.remembered(
+        ("q", T, H, D, R, use_fp4), _indexer_q_config, T, H, D, R, use_fp4)
     out = q_out.view(torch.uint8)
     if use_fp4:
         assert D % 32 == 0 and nope % 32 == 0
@@ -354,7 +359,7 @@ def fused_indexer_q_rope_quant(
         BLOCK_T=bt, BLOCK_H=bh, BLOCK_P=block_p,
         SPLIT=split, USE_FP4=use_fp4, FNUZ=bool(use_fnuz) and not use_fp4,
         CVT_HW=use_hw_convert(index_q.device), WO_BF16=wo_bf16, OFF64=off64, WORDS=words,
-        PTX=use_fp4 and ptx, PDL=pdl, num_warps=warps,
+        PTX=use_fp4 and ptx, PDL=pdl, RELOAD_NOPE=reload, num_warps=warps,
         **launch.pdl_kwargs(pdl), **launch.maxnreg_kwargs(regs, ptx),
     )
     return None
@@ -368,23 +373,33 @@ def fused_indexer_q_rope_quant(
 # 9e78256's build (h100-indexer-q-cap-39.txt).  The sweep space
 # "fused_indexer_q_rope_quant [FP8] maxnreg" times the alternatives on other cards.
 INDEXER_Q_FP8_MAXNREG = None
+# Whether the FP8 split path loads the NoPE half a second time for its codes rather than
+# holding it in registers through the rotation (same bytes: every load precedes every store).
+# Triton 3.6 builds the production program with 67 registers instead of 86; Triton 3.9 with 63
+# instead of 93 and 960 sm_90 instructions instead of 1094.  Off until timed: the sweep space
+# "fused_indexer_q_rope_quant [FP8] reload" compares the two.
+INDEXER_Q_FP8_RELOAD = False
 
 
 def _indexer_q_config(T: int, H: int, D: int, R: int, use_fp4: bool) -> tuple:
-    """(BLOCK_P, BLOCK_T, BLOCK_H, num_warps, SPLIT, grid, register cap) of an indexer-Q
-    launch; a launch-shape override may carry ``maxnreg`` (None: uncapped)."""
+    """(BLOCK_P, BLOCK_T, BLOCK_H, num_warps, SPLIT, grid, register cap, RELOAD_NOPE) of an
+    indexer-Q launch; a launch-shape override may carry ``maxnreg`` (None: uncapped) and
+    ``reload_nope`` (the FP8 split path reads the NoPE half twice, ``INDEXER_Q_FP8_RELOAD``)."""
     nope = D - R
     block_p = _pow2(D // 2)
     target, warps = _target(T * H * D, 8192, 4)
     bt, bh = _tile_th(T, H, 2 * block_p, target)
     regs = None if use_fp4 else INDEXER_Q_FP8_MAXNREG
+    reload = INDEXER_Q_FP8_RELOAD
     cfg = _launch_shape("fused_indexer_q_rope_quant", T, "mxfp4" if use_fp4 else "fp8")
     if cfg:
         bt, bh, warps = cfg["BLOCK_T"], cfg["BLOCK_H"], cfg["num_warps"]
         regs = cfg.get("maxnreg", regs)
+        reload = cfg.get("reload_nope", reload)
     least = 32 if use_fp4 else 2
     split = _is_pow2(nope) and _is_pow2(R) and nope >= least and R >= least
-    return block_p, bt, bh, warps, split, (launch.cdiv(T, bt), launch.cdiv(H, bh)), regs
+    reload = bool(reload) and split and not use_fp4  # only the FP8 split path holds the NoPE half
+    return block_p, bt, bh, warps, split, (launch.cdiv(T, bt), launch.cdiv(H, bh)), regs, reload
 
 
 # ============================================================== §4 fused_inv_rope_fp8_quant
@@ -832,6 +847,13 @@ def _register_aot() -> None:
                          c, num_warps=4, targets=targets,
                          divisible=("q_ptr", "out_ptr", "s_q0", "s_q1", "s_o0", "s_o1"),
                          maxnreg=INDEXER_Q_FP8_MAXNREG if hw and not fp4 else None))
+    # the FP8 NVIDIA build that reloads the NoPE half (INDEXER_Q_FP8_RELOAD), for its SASS
+    c = dict(base, USE_FP4=False, FNUZ=False, CVT_HW=True, WO_BF16=False, SPLIT=True, WORDS=False,
+             PTX=False, PDL=True, RELOAD_NOPE=True)
+    register(AotSpec("rope_kernels._indexer_q_kernel[fp8-ocp-hw-reload]", _indexer_q_kernel,
+                     _aot_signature(_indexer_q_kernel, p, ("softmax_scale", "head_scale")),
+                     c, num_warps=4, targets=_CUDA,
+                     divisible=("q_ptr", "out_ptr", "s_q0", "s_q1", "s_o0", "s_o1")))
 
     # §4 inverse RoPE: 8 heads per group, Dh 512 = 448 + 64.
     p = {"o_ptr": "*bf16", "pos_ptr": "*i64", "cs_ptr": "*fp32", "out_ptr": "*u8", "sc_ptr": "*fp32"}
