@@ -376,8 +376,9 @@ INDEXER_Q_FP8_MAXNREG = None
 # Whether the FP8 split path loads the NoPE half a second time for its codes rather than
 # holding it in registers through the rotation (same bytes: every load precedes every store).
 # Triton 3.6 builds the production program with 67 registers instead of 86; Triton 3.9 with 63
-# instead of 93 and 960 sm_90 instructions instead of 1094.  Off until timed: the sweep space
-# "fused_indexer_q_rope_quant [FP8] reload" compares the two.
+# instead of 93 and 960 sm_90 instructions instead of 1094, yet on an H100 it is slower: 572.9
+# against 543.2 us at 65536 tokens, 43.9 against 42.6 at 4096 (h100-indexer-q-reload-40.txt).
+# Off; the sweep space "fused_indexer_q_rope_quant [FP8] reload" compares the two on other cards.
 INDEXER_Q_FP8_RELOAD = False
 
 
