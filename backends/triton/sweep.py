@@ -51,7 +51,11 @@ SPACES = {
     "dequantize_and_gather_k_cache [288]": (("cache", "gather:288"), _CACHE_BT_NW),
     "rope_quant_insert [584]": (("cache", "rope:584"), _CACHE_BT_NW),
     "rope_quant_insert [528]": (("cache", "rope:528"), _CACHE_BT_NW),
-    "rope_quant_insert [288]": (("cache", "rope:288"), _grid(bt=(1, 2, 4, 8, 16), nw=(1, 2, 4))),
+    # without 16 tokens x 1 warp: on an H100 (Triton 3.6) that build of the NVIDIA path wrote
+    # wrong bytes on every case of test_rope_288_every_swept_shape (h100-gpu-tests-40.txt; the
+    # interpreter and rocm@cuda pass at that shape), so the sweep must not pick it
+    "rope_quant_insert [288]": (("cache", "rope:288"),
+                                [s for s in _grid(bt=(1, 2, 4, 8, 16), nw=(1, 2, 4)) if (s["bt"], s["nw"]) != (16, 1)]),
     "rope_quant_insert [bf16]": (("cache", "rope:bf16"), _CACHE_BT_NW),
     # the 288 writer's RoPE groups: e2m1 compares on bf16x2 words or on fp32 values
     "rope_quant_insert [288] rope compares": (("flag", "rope288_words"), [{"value": False}],
