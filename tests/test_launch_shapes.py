@@ -348,30 +348,50 @@ def test_index_kernels_32bit_offsets_only_where_every_offset_fits():
     assert launch.layout_span(((0, 5), (2**40, 1)), ((2, 3), (3, 1))) == 5
 
 
-def _indexer_q_reload_shapes():
+def _plant_nope_nonfinite(q: torch.Tensor, nope: int) -> None:
+    """Heads of token 0 whose NoPE half holds NaNs (both signs, the smallest and the default
+    payload) beside its largest finite or infinite magnitude: an amax that let a NaN win, or
+    that dropped the values beside it, changes the scale."""
+    bits = q[0].view(torch.int16)
+    bits[0, 3], q[0, 0, 7] = 0x7FC0, 100.0                    # +NaN beside the NoPE maximum
+    bits[1, 5], q[0, 1, 10] = -64, -300.0                     # -NaN (0xFFC0)
+    bits[2, 1], q[0, 2, 0] = 0x7F81, float("inf")             # smallest NaN payload, +inf
+    bits[3, :nope] = 0x7FC0                                   # every NoPE value NaN
+    bits[4, :] = -64                                          # the whole head NaN
+    bits[5, 11], q[0, 5, 12] = 0x7F81, -3.3895e38             # the largest bf16 magnitude
+
+
+def _indexer_q_nope_shapes():
     from dsv41.backends.triton.sweep import SPACES
 
-    return [s for s in SPACES["fused_indexer_q_rope_quant [FP8] reload"][1] if s.get("reload_nope")]
+    return [s for s in SPACES["fused_indexer_q_rope_quant [FP8] nope"][1] if s["nope"] != "fp32"]
 
 
-@pytest.mark.parametrize("shape", _indexer_q_reload_shapes(), ids=lambda s: f"maxnreg{s.get('maxnreg')}")
+@pytest.mark.parametrize("shape", _indexer_q_nope_shapes(), ids=lambda s: f"{s['nope']}-maxnreg{s.get('maxnreg')}")
 @pytest.mark.parametrize("impl", TRITON_IMPLS or [None], ids=[i.name for i in TRITON_IMPLS] or ["none"])
-def test_indexer_q_nope_reload(impl, shape, monkeypatch):
-    """The FP8 indexer Q that loads the NoPE half a second time for its codes (the sweep's
-    ``reload_nope`` shapes, ``rope_kernels.INDEXER_Q_FP8_RELOAD``) writes the reference's bytes
-    on every conformance case of the op, OCP and FNUZ (MXFP4 cases run their own path)."""
+def test_indexer_q_nope_modes(impl, shape, monkeypatch):
+    """The FP8 indexer Q in the NoPE modes other than "fp32" (the sweep's ``nope`` shapes,
+    ``rope_kernels.INDEXER_Q_FP8_NOPE``: the NoPE half loaded a second time for its codes, or
+    held as bf16 pair words) writes the reference's bytes on every conformance case of the op,
+    OCP and FNUZ (MXFP4 cases and unaligned rows run their own path)."""
     from dsv41.backends.triton import rope_kernels, tuning
 
     if impl is None:
         pytest.skip("no Triton implementation runs here (GPU or TRITON_INTERPRET=1)")
     op = "fused_indexer_q_rope_quant"
     monkeypatch.setitem(tuning.OVERRIDES, op, dict(shape))
-    reloading = 0
+    taken = 0
     for case in (c for c in CASES if c.op == op):
         args = case.build("cpu")
-        t, h, d = args[1].shape  # index_q [T, H, D]; cos_sin_cache [., R]
-        reloading += rope_kernels._indexer_q_config(t, h, d, args[2].shape[-1], False)[7]
-        want = clone_args(args)
-        ReferenceBackend().load(case.op)(*want)
-        _run_and_compare(impl, case, args, want, f"{case.id} {shape}: ")
-    assert reloading, "no case takes the reloading FP8 path"
+        q = args[1]
+        t, h, d = q.shape  # index_q [T, H, D]; cos_sin_cache [., R]
+        mode = rope_kernels._indexer_q_config(t, h, d, args[2].shape[-1], False)[7]
+        aligned = q.stride(0) % 2 == 0 and q.stride(1) % 2 == 0 and q.storage_offset() % 2 == 0
+        taken += mode == shape["nope"] and (mode != "words" or aligned) and not args[6]
+        planted = clone_args(args)
+        _plant_nope_nonfinite(planted[1], d - args[2].shape[-1])
+        for label, a in (("", args), (" NoPE NaNs", planted)):
+            want = clone_args(a)
+            ReferenceBackend().load(case.op)(*want)
+            _run_and_compare(impl, case, a, want, f"{case.id}{label} {shape}: ")
+    assert taken, f"no case takes the FP8 path's NoPE mode {shape['nope']!r}"

@@ -631,10 +631,16 @@ def test_indexer_q_mxfp4_widths_not_powers_of_two(cvt):
     _check_indexer_q(pos, q, _cos_sin_cache(R=32), w, True, False, BF16)
 
 
-@pytest.mark.parametrize("mode", ["fp8", "mxfp4"])
-def test_indexer_q_odd_offset(mode):
-    """q at an odd bf16 offset (not 4-byte aligned): the MXFP4 pair loads go element-wise."""
+@pytest.mark.parametrize("mode", ["fp8", "mxfp4", "fp8-words"])
+def test_indexer_q_odd_offset(mode, monkeypatch):
+    """q at an odd bf16 offset (not 4-byte aligned): the MXFP4 pair loads go element-wise, and
+    the FP8 path asked to hold NoPE words (``INDEXER_Q_FP8_NOPE = "words"``) holds fp32."""
+    from dsv41.backends.triton import tuning
+
     fp4 = mode == "mxfp4"
+    if mode == "fp8-words":
+        monkeypatch.setitem(tuning.OVERRIDES, "fused_indexer_q_rope_quant",
+                            dict(BLOCK_T=1, BLOCK_H=4, num_warps=4, nope="words"))
     pos, q, w = _indexer_q_inputs(3, 4, seed=5, nonfinite=True, mxfp4=fp4)
     buf = torch.zeros(q.numel() + 1, dtype=BF16)
     buf[1:] = q.flatten()

@@ -217,10 +217,17 @@ def _indexer_q_kernel(
         # as loaded, only the RoPE half is split into (even, odd) pairs and rotated.
         m3 = th_m[:, :, None]
         dn = tl.arange(0, NOPE)[None, None, :]
-        xn = tl.load(q_ptr + qrow[:, :, None] + dn, mask=m3, other=0.0).to(tl.float32)
         dr = tl.arange(0, 2 * HALF)[None, None, :]
-        xr = tl.load(q_ptr + qrow[:, :, None] + NOPE + dr, mask=m3, other=0.0).to(tl.float32)
-        e, o = tl.split(tl.reshape(xr, [BLOCK_T, BLOCK_H, HALF, 2]))
+        if WORDS:
+            # q_ptr an int32 view: the NoPE half held as its bf16 pair words (half the
+            # registers of fp32 values), the RoPE pairs read as words
+            wn = tl.load(q_ptr + qrow[:, :, None] + tl.arange(0, NOPE // 2)[None, None, :],
+                         mask=m3, other=0)
+            e, o = _pair_tile(q_ptr, qrow, NOPE // 2, HALF, th_m, True)
+        else:
+            xn = tl.load(q_ptr + qrow[:, :, None] + dn, mask=m3, other=0.0).to(tl.float32)
+            xr = tl.load(q_ptr + qrow[:, :, None] + NOPE + dr, mask=m3, other=0.0).to(tl.float32)
+            e, o = tl.split(tl.reshape(xr, [BLOCK_T, BLOCK_H, HALF, 2]))
         cs_off = pos[:, None, None] * s_cs + tl.arange(0, HALF)[None, None, :]
         c = tl.load(cs_ptr + cs_off, mask=tm[:, None, None], other=1.0).to(tl.float32)
         s = tl.load(cs_ptr + cs_off + HALF, mask=tm[:, None, None], other=0.0).to(tl.float32)
@@ -228,7 +235,19 @@ def _indexer_q_kernel(
         ne = _rn_bf16(tl.fma(e, c, _neg_sign_bit(o * s)), CVT_HW)
         no = _rn_bf16(tl.fma(e, s, o * c), CVT_HW)
         # amax: max.f32 (maxnum) drops NaN operands; an all-NaN head gives the floor
-        amax = tl.maximum(_rmax(tl.abs(xn), axis=2), _rmax(tl.maximum(tl.abs(ne), tl.abs(no)), axis=2))
+        amax_r = _rmax(tl.maximum(tl.abs(ne), tl.abs(no)), axis=2)
+        if WORDS:
+            # the NoPE magnitudes as bf16 bit patterns, compared as integers (the same order
+            # for non-NaN values); a NaN counts as 0, which maxnum's dropping it equals
+            a = wn & 0x7FFF7FFF
+            lo = a & 0xFFFF
+            hi = a >> 16
+            lo = tl.where(lo > 0x7F80, 0, lo)
+            hi = tl.where(hi > 0x7F80, 0, hi)
+            amax_n = (_rmax(tl.maximum(lo, hi), axis=2) << 16).to(tl.float32, bitcast=True)
+        else:
+            amax_n = _rmax(tl.abs(xn), axis=2)
+        amax = tl.maximum(amax_n, amax_r)
         E = _ceil_exp_bits(tl.maximum(amax, _EPS_Q) * (1.0 / FP8_MAX))
         inv = _inv_pow2_of(E)[:, :, None]  # x / 2^E, exact (0 for an infinite scale)
         if RELOAD_NOPE:
@@ -236,7 +255,13 @@ def _indexer_q_kernel(
             # (the cache modifier keeps the two loads apart; every load precedes every store)
             xn = tl.load(q_ptr + qrow[:, :, None] + dn, mask=m3, other=0.0,
                          cache_modifier=".ca").to(tl.float32)
-        cn = _e4m3_code(xn * inv, FNUZ, CVT_HW, 0x7F).to(tl.uint8)
+        if WORDS:
+            xe = (wn << 16).to(tl.float32, bitcast=True)
+            xo = (wn & -65536).to(tl.float32, bitcast=True)
+            cn = tl.join(_e4m3_code(xe * inv, FNUZ, CVT_HW, 0x7F), _e4m3_code(xo * inv, FNUZ, CVT_HW, 0x7F))
+            cn = tl.reshape(cn, [BLOCK_T, BLOCK_H, NOPE]).to(tl.uint8)
+        else:
+            cn = _e4m3_code(xn * inv, FNUZ, CVT_HW, 0x7F).to(tl.uint8)
         tl.store(out_ptr + orow[:, :, None] + dn, cn, mask=m3)
         cr = tl.join(_e4m3_code(ne * inv, FNUZ, CVT_HW, 0x7F), _e4m3_code(no * inv, FNUZ, CVT_HW, 0x7F))
         cr = tl.reshape(cr, [BLOCK_T, BLOCK_H, 2 * HALF]).to(tl.uint8)
@@ -324,7 +349,7 @@ def fused_indexer_q_rope_quant(
     assert index_q.stride(2) == 1 and q_out.stride(2) == 1 and cos_sin_cache.stride(-1) == 1
     assert nope % 2 == 0 and R % 2 == 0
     use_fp4 = bool(use_fp4)
-    block_p, bt, bh, warps, split, grid, regs, reload = tuning.remembered(
+    block_p, bt, bh, warps, split, grid, regs, nope_mode = tuning.remembered(
         ("q", T, H, D, R, use_fp4), _indexer_q_config, T, H, D, R, use_fp4)
     out = q_out.view(torch.uint8)
     if use_fp4:
@@ -339,11 +364,15 @@ def fused_indexer_q_rope_quant(
     off64 = launch.span(index_q, out, sc if use_fp4 else None, cos_sin_cache, index_weights, wo,
                         positions) >= launch.I32_SAFE
     q, words = index_q, False
-    if use_fp4 and split:
-        # the MXFP4 split path reads pairs: as int32 words where rows are 4-byte aligned
+    if (use_fp4 and split) or nope_mode == "words":
+        # the MXFP4 split path (and the FP8 one holding NoPE words) reads pairs: as int32
+        # words where rows are 4-byte aligned
         words = (index_q.data_ptr() % 4 == 0 and index_q.stride(0) % 2 == 0
                  and index_q.stride(1) % 2 == 0 and index_q.storage_offset() % 2 == 0)
-        q = index_q.view(torch.int32) if words else index_q.view(torch.int16)
+        if words:
+            q = index_q.view(torch.int32)
+        elif use_fp4:
+            q = index_q.view(torch.int16)
     pdl = launch.decode_pdl(index_q.device, T)
     ptx = use_ptx(index_q.device)
     _indexer_q_launch(grid,
@@ -359,7 +388,7 @@ def fused_indexer_q_rope_quant(
         BLOCK_T=bt, BLOCK_H=bh, BLOCK_P=block_p,
         SPLIT=split, USE_FP4=use_fp4, FNUZ=bool(use_fnuz) and not use_fp4,
         CVT_HW=use_hw_convert(index_q.device), WO_BF16=wo_bf16, OFF64=off64, WORDS=words,
-        PTX=use_fp4 and ptx, PDL=pdl, RELOAD_NOPE=reload, num_warps=warps,
+        PTX=use_fp4 and ptx, PDL=pdl, RELOAD_NOPE=nope_mode == "reload", num_warps=warps,
         **launch.pdl_kwargs(pdl), **launch.maxnreg_kwargs(regs, ptx),
     )
     return None
@@ -373,34 +402,42 @@ def fused_indexer_q_rope_quant(
 # 9e78256's build (h100-indexer-q-cap-39.txt).  The sweep space
 # "fused_indexer_q_rope_quant [FP8] maxnreg" times the alternatives on other cards.
 INDEXER_Q_FP8_MAXNREG = None
-# Whether the FP8 split path loads the NoPE half a second time for its codes rather than
-# holding it in registers through the rotation (same bytes: every load precedes every store).
-# Triton 3.6 builds the production program with 67 registers instead of 86; Triton 3.9 with 63
-# instead of 93 and 960 sm_90 instructions instead of 1094, yet on an H100 it is slower: 572.9
-# against 543.2 us at 65536 tokens, 43.9 against 42.6 at 4096 (h100-indexer-q-reload-40.txt).
-# Off; the sweep space "fused_indexer_q_rope_quant [FP8] reload" compares the two on other cards.
-INDEXER_Q_FP8_RELOAD = False
+# How the FP8 split path keeps the NoPE half from its load to its codes (the amax needs the
+# rotated RoPE half first); the bytes are the same in every mode:
+#   "fp32"    held as fp32 values.  Triton 3.6: 86 registers, 1112 sm_90 instructions.
+#   "reload"  loaded a second time for the codes (every load precedes every store).  Triton 3.6:
+#             66 registers; on an H100 slower: 572.9 against 543.2 us at 65536 tokens, 43.9
+#             against 42.6 at 4096 (h100-indexer-q-reload-40.txt).
+#   "words"   held as its bf16 pair words (q read through an int32 view where its rows are
+#             4-byte aligned, else "fp32"), the NoPE amax taken on their bit patterns.  Triton
+#             3.6: 67 registers, 1088 instructions.
+# The sweep space "fused_indexer_q_rope_quant [FP8] nope" times the three.
+INDEXER_Q_FP8_NOPE = "fp32"
+_NOPE_MODES = ("fp32", "reload", "words")
 
 
 def _indexer_q_config(T: int, H: int, D: int, R: int, use_fp4: bool) -> tuple:
-    """(BLOCK_P, BLOCK_T, BLOCK_H, num_warps, SPLIT, grid, register cap, RELOAD_NOPE) of an
+    """(BLOCK_P, BLOCK_T, BLOCK_H, num_warps, SPLIT, grid, register cap, NoPE mode) of an
     indexer-Q launch; a launch-shape override may carry ``maxnreg`` (None: uncapped) and
-    ``reload_nope`` (the FP8 split path reads the NoPE half twice, ``INDEXER_Q_FP8_RELOAD``)."""
+    ``nope`` (``INDEXER_Q_FP8_NOPE``; "fp32" wherever the FP8 split path does not run)."""
     nope = D - R
     block_p = _pow2(D // 2)
     target, warps = _target(T * H * D, 8192, 4)
     bt, bh = _tile_th(T, H, 2 * block_p, target)
     regs = None if use_fp4 else INDEXER_Q_FP8_MAXNREG
-    reload = INDEXER_Q_FP8_RELOAD
+    mode = INDEXER_Q_FP8_NOPE
     cfg = _launch_shape("fused_indexer_q_rope_quant", T, "mxfp4" if use_fp4 else "fp8")
     if cfg:
         bt, bh, warps = cfg["BLOCK_T"], cfg["BLOCK_H"], cfg["num_warps"]
         regs = cfg.get("maxnreg", regs)
-        reload = cfg.get("reload_nope", reload)
+        mode = cfg.get("nope", mode)
+    if mode not in _NOPE_MODES:
+        raise ValueError(f"indexer-Q NoPE mode: expected one of {_NOPE_MODES}, got {mode!r}")
     least = 32 if use_fp4 else 2
     split = _is_pow2(nope) and _is_pow2(R) and nope >= least and R >= least
-    reload = bool(reload) and split and not use_fp4  # only the FP8 split path holds the NoPE half
-    return block_p, bt, bh, warps, split, (launch.cdiv(T, bt), launch.cdiv(H, bh)), regs, reload
+    if use_fp4 or not split:
+        mode = "fp32"  # only the FP8 split path holds the NoPE half
+    return block_p, bt, bh, warps, split, (launch.cdiv(T, bt), launch.cdiv(H, bh)), regs, mode
 
 
 # ============================================================== §4 fused_inv_rope_fp8_quant
@@ -848,12 +885,17 @@ def _register_aot() -> None:
                          c, num_warps=4, targets=targets,
                          divisible=("q_ptr", "out_ptr", "s_q0", "s_q1", "s_o0", "s_o1"),
                          maxnreg=INDEXER_Q_FP8_MAXNREG if hw and not fp4 else None))
-    # the FP8 NVIDIA build that reloads the NoPE half (INDEXER_Q_FP8_RELOAD), for its SASS
+    # the FP8 NVIDIA builds of the other NoPE modes (INDEXER_Q_FP8_NOPE), for their SASS:
+    # the NoPE half loaded again for its codes; held as bf16 pair words (q an int32 view)
     c = dict(base, USE_FP4=False, FNUZ=False, CVT_HW=True, WO_BF16=False, SPLIT=True, WORDS=False,
              PTX=False, PDL=True, RELOAD_NOPE=True)
     register(AotSpec("rope_kernels._indexer_q_kernel[fp8-ocp-hw-reload]", _indexer_q_kernel,
                      _aot_signature(_indexer_q_kernel, p, ("softmax_scale", "head_scale")),
                      c, num_warps=4, targets=_CUDA,
+                     divisible=("q_ptr", "out_ptr", "s_q0", "s_q1", "s_o0", "s_o1")))
+    register(AotSpec("rope_kernels._indexer_q_kernel[fp8-ocp-hw-words]", _indexer_q_kernel,
+                     _aot_signature(_indexer_q_kernel, dict(p, q_ptr="*i32"), ("softmax_scale", "head_scale")),
+                     dict(c, RELOAD_NOPE=False, WORDS=True), num_warps=4, targets=_CUDA,
                      divisible=("q_ptr", "out_ptr", "s_q0", "s_q1", "s_o0", "s_o1")))
 
     # §4 inverse RoPE: 8 heads per group, Dh 512 = 448 + 64.

@@ -85,12 +85,13 @@ SPACES = {
                                                  [dict(BLOCK_T=1, BLOCK_H=64, num_warps=4, maxnreg=r)
                                                   for r in (None, 72, 80, 88)],
                                                  "fused_indexer_q_rope_quant [FP8]"),
-    # the same shape holding the NoPE half through the rotation (rope_kernels.
-    # INDEXER_Q_FP8_RELOAD False) or loading it again for its codes, uncapped and at 64 registers
-    "fused_indexer_q_rope_quant [FP8] reload": (("rope", "fused_indexer_q_rope_quant"),
-                                                [dict(BLOCK_T=1, BLOCK_H=64, num_warps=4, reload_nope=r, maxnreg=m)
-                                                 for r, m in ((False, None), (True, None), (True, 64))],
-                                                "fused_indexer_q_rope_quant [FP8]"),
+    # the same shape in each NoPE mode (rope_kernels.INDEXER_Q_FP8_NOPE: held as fp32, loaded
+    # again for its codes, uncapped and at 64 registers, held as bf16 pair words)
+    "fused_indexer_q_rope_quant [FP8] nope": (("rope", "fused_indexer_q_rope_quant"),
+                                              [dict(BLOCK_T=1, BLOCK_H=64, num_warps=4, nope=n, maxnreg=m)
+                                               for n, m in (("fp32", None), ("reload", None), ("reload", 64),
+                                                            ("words", None))],
+                                              "fused_indexer_q_rope_quant [FP8]"),
     "fused_indexer_q_rope_quant [MXFP4]": (("rope", "fused_indexer_q_rope_quant"),
                                            _grid(BLOCK_T=(1, 2, 4), BLOCK_H=(16, 32, 64), num_warps=(4, 8))),
     "fused_inv_rope_fp8_quant": (("rope", "fused_inv_rope_fp8_quant"),
