@@ -388,9 +388,12 @@ def test_indexer_q_nope_modes(impl, shape, monkeypatch):
         mode = rope_kernels._indexer_q_config(t, h, d, args[2].shape[-1], False)[7]
         aligned = q.stride(0) % 2 == 0 and q.stride(1) % 2 == 0 and q.storage_offset() % 2 == 0
         taken += mode == shape["nope"] and (mode != "words" or aligned) and not args[6]
-        planted = clone_args(args)
-        _plant_nope_nonfinite(planted[1], d - args[2].shape[-1])
-        for label, a in (("", args), (" NoPE NaNs", planted)):
+        inputs = [("", args)]
+        if not args[6]:  # FP8: the modes' amax
+            planted = clone_args(args)
+            _plant_nope_nonfinite(planted[1], d - args[2].shape[-1])
+            inputs.append((" NoPE NaNs", planted))
+        for label, a in inputs:
             want = clone_args(a)
             ReferenceBackend().load(case.op)(*want)
             _run_and_compare(impl, case, a, want, f"{case.id}{label} {shape}: ")
