@@ -649,6 +649,26 @@ def test_indexer_q_odd_offset(mode, monkeypatch):
     _check_indexer_q(pos, qo, _cos_sin_cache(), w, fp4, False, BF16 if fp4 else F32)
 
 
+def test_indexer_q_words_with_an_odd_output_offset(monkeypatch):
+    """FP8 with ``INDEXER_Q_FP8_NOPE = "words"`` writes each pair's two codes as one int16:
+    an output at an odd byte offset (rows not 2-byte aligned) is written byte-wise instead."""
+    from dsv41.backends.triton import tuning
+
+    monkeypatch.setitem(tuning.OVERRIDES, "fused_indexer_q_rope_quant",
+                        dict(BLOCK_T=1, BLOCK_H=4, num_warps=4, nope="words"))
+    pos, q, w = _indexer_q_inputs(3, 4, seed=7, nonfinite=True)
+    cache = _cos_sin_cache()
+    outs = []
+    for fn in (rope().fused_indexer_q_rope_quant, ref_indexer.fused_indexer_q_rope_quant):
+        buf = torch.full((q.numel() + 3,), 0xA5, dtype=torch.uint8)
+        q_out = buf[1: 1 + q.numel()].view(q.shape).view(torch.float8_e4m3fn)
+        wo = _padded((3, 4), F32, -3.0)
+        fn(pos, q, cache, w, 128**-0.5, 0.125, False, False, q_out, torch.empty(0, dtype=torch.uint8), wo)
+        outs.append((buf, wo))
+    assert torch.equal(outs[0][0], outs[1][0]), "q bytes (and the canaries around them) differ"
+    assert torch.equal(_storage(outs[0][1]), _storage(outs[1][1])), "weights differ"
+
+
 def test_indexer_q_empty():
     pos, q, w = _indexer_q_inputs(1, 4)
     _check_indexer_q(pos[:0], q[:0], _cos_sin_cache(), w[:0], False, False, F32)
