@@ -84,6 +84,7 @@ from .numerics import (  # noqa: F401  (the kernels below call them; tests reach
     _rsqrt_approx,
     _div_full,
     _exp_approx,
+    _word_halves,
 )
 from .reductions import _butterfly, _lane_chain_sq, _row_sum_sq
 
@@ -329,12 +330,6 @@ def _bf16_pairs(x_ptr, row, P0: tl.constexpr, NP: tl.constexpr, NLIM: tl.constex
     i = tl.arange(0, NP)
     m = rmask[:, None] & (i < NLIM)[None, :]
     return _word_halves(_latent_words(x_ptr, row[:, None], (P0 + i)[None, :], m, WORDS))
-
-
-@triton.jit
-def _word_halves(w):
-    """The two bf16 values of pair words as fp32: (low half, high half)."""
-    return (w << 16).to(tl.float32, bitcast=True), (w & -65536).to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -307,6 +307,12 @@ def _e4m3_code(x, FNUZ: tl.constexpr, CVT_HW: tl.constexpr, NAN_CODE: tl.constex
 
 
 @triton.jit
+def _word_halves(w):
+    """The two bf16 values of int32 pair words as fp32: (low half, high half)."""
+    return (w << 16).to(tl.float32, bitcast=True), (w & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _ceil_exp_bits(s):
     """Exact ``ceil(log2 s)`` for fp32 s > 0 normal or +inf (-> 128), from the bits ("(B)").
     Equal to the fp32-log2 ceiling "(L)" for every s = amax·RN32(1/M) with a bf16-valued

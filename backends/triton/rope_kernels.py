@@ -47,6 +47,7 @@ from .numerics import (  # noqa: F401
     _rn_bf16,
     _bf16_bits_i32,
     _e4m3_code,
+    _word_halves,
     _ceil_exp_bits,
     _e2m1_code_search,
     _e2m1x2_bf16,
@@ -127,7 +128,7 @@ def _pair_tile(q_ptr, row, P0: tl.constexpr, NP: tl.constexpr, m, WORDS: tl.cons
                     mask=m3[:, :, :, None], other=0).to(tl.int32)
         lo, hi = tl.split(h)
         w = (lo & 0xFFFF) | (hi << 16)
-    return (w << 16).to(tl.float32, bitcast=True), (w & -65536).to(tl.float32, bitcast=True)
+    return _word_halves(w)
 
 
 @triton.jit
@@ -258,8 +259,7 @@ def _indexer_q_kernel(
         if WORDS:
             # out_ptr an int16 view: each pair's two codes stored as one int16 in the words'
             # own layout (joined into byte rows they would cross lanes through shared memory)
-            xe = (wn << 16).to(tl.float32, bitcast=True)
-            xo = (wn & -65536).to(tl.float32, bitcast=True)
+            xe, xo = _word_halves(wn)
             cn = _e4m3_code(xe * inv, FNUZ, CVT_HW, 0x7F) | (_e4m3_code(xo * inv, FNUZ, CVT_HW, 0x7F) << 8)
             pn = tl.arange(0, NOPE // 2)[None, None, :]
             tl.store(out_ptr + orow[:, :, None] + pn, cn.to(tl.int16), mask=m3)
