@@ -364,16 +364,17 @@ def _plant_nope_nonfinite(q: torch.Tensor, nope: int) -> None:
 def _indexer_q_nope_shapes():
     from dsv41.backends.triton.sweep import SPACES
 
-    return [s for s in SPACES["fused_indexer_q_rope_quant [FP8] nope"][1] if s["nope"] != "fp32"]
+    return SPACES["fused_indexer_q_rope_quant [FP8] nope"][1]
 
 
 @pytest.mark.parametrize("shape", _indexer_q_nope_shapes(), ids=lambda s: f"{s['nope']}-maxnreg{s.get('maxnreg')}")
 @pytest.mark.parametrize("impl", TRITON_IMPLS or [None], ids=[i.name for i in TRITON_IMPLS] or ["none"])
 def test_indexer_q_nope_modes(impl, shape, monkeypatch):
-    """The FP8 indexer Q in the NoPE modes other than "fp32" (the sweep's ``nope`` shapes,
-    ``rope_kernels.INDEXER_Q_FP8_NOPE``: the NoPE half loaded a second time for its codes, or
-    held as bf16 pair words) writes the reference's bytes on every conformance case of the op,
-    OCP and FNUZ (MXFP4 cases and unaligned rows run their own path)."""
+    """The FP8 indexer Q in every NoPE mode of the sweep's ``nope`` shapes
+    (``rope_kernels.INDEXER_Q_FP8_NOPE``: held as fp32, loaded a second time for its codes, held
+    as bf16 pair words) writes the reference's bytes on every conformance case of the op, OCP and
+    FNUZ, and with NaNs planted in the NoPE half (MXFP4 cases and unaligned rows run their own
+    path)."""
     from dsv41.backends.triton import rope_kernels, tuning
 
     if impl is None:

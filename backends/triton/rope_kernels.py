@@ -47,6 +47,7 @@ from .numerics import (  # noqa: F401
     _rn_bf16,
     _bf16_bits_i32,
     _e4m3_code,
+    _e4m3x2,
     _word_halves,
     _ceil_exp_bits,
     _e2m1_code_search,
@@ -260,10 +261,18 @@ def _indexer_q_kernel(
             # out_ptr an int16 view: each pair's two codes stored as one int16 in the words'
             # own layout (joined into byte rows they would cross lanes through shared memory)
             xe, xo = _word_halves(wn)
-            cn = _e4m3_code(xe * inv, FNUZ, CVT_HW, 0x7F) | (_e4m3_code(xo * inv, FNUZ, CVT_HW, 0x7F) << 8)
+            if PTX and not FNUZ:
+                # one cvt.rn.satfinite.e4m3x2 per pair (NaN -> 0x7F, this op's NaN code).
+                # Two converts joined by shift and or are mis-built by Triton 3.6 for sm_90:
+                # the low code of every second pair came out as 0xFD on an H100.
+                cn = _e4m3x2(xe * inv, xo * inv)
+                cr = _e4m3x2(ne * inv, no * inv)
+            else:
+                # the integer encoders (ROCm, XPU, FNUZ; and the interpreter's casts)
+                cn = _e4m3_code(xe * inv, FNUZ, CVT_HW, 0x7F) | (_e4m3_code(xo * inv, FNUZ, CVT_HW, 0x7F) << 8)
+                cr = _e4m3_code(ne * inv, FNUZ, CVT_HW, 0x7F) | (_e4m3_code(no * inv, FNUZ, CVT_HW, 0x7F) << 8)
             pn = tl.arange(0, NOPE // 2)[None, None, :]
             tl.store(out_ptr + orow[:, :, None] + pn, cn.to(tl.int16), mask=m3)
-            cr = _e4m3_code(ne * inv, FNUZ, CVT_HW, 0x7F) | (_e4m3_code(no * inv, FNUZ, CVT_HW, 0x7F) << 8)
             pr = tl.arange(0, HALF)[None, None, :]
             tl.store(out_ptr + orow[:, :, None] + NOPE // 2 + pr, cr.to(tl.int16), mask=m3)
         else:
@@ -399,32 +408,36 @@ def fused_indexer_q_rope_quant(
         BLOCK_T=bt, BLOCK_H=bh, BLOCK_P=block_p,
         SPLIT=split, USE_FP4=use_fp4, FNUZ=bool(use_fnuz) and not use_fp4,
         CVT_HW=use_hw_convert(index_q.device), WO_BF16=wo_bf16, OFF64=off64, WORDS=words,
-        PTX=use_fp4 and ptx, PDL=pdl, RELOAD_NOPE=nope_mode == "reload", num_warps=warps,
+        PTX=(use_fp4 or words) and ptx, PDL=pdl, RELOAD_NOPE=nope_mode == "reload", num_warps=warps,
         **launch.pdl_kwargs(pdl), **launch.maxnreg_kwargs(regs, ptx),
     )
     return None
 
 
 # Register cap (ptxas maxnreg) of the FP8 indexer-Q programs on NVIDIA; None: the compiler's
-# choice (Triton 3.6: 86 registers, 5 programs of 4 warps per SM; the set-C contraction order
-# accounts for ten of them: the other order builds with 76).  On an H100 the uncapped
-# build is the fastest of none / 72 / 80 / 88 at 65536 tokens (543.8 us; 80: 551.3) and level
-# with 72 at 4096 (42.6 / 42.4 us; 80: 45.2), although 80 gives Triton 3.6 the 76 registers of
-# 9e78256's build (h100-indexer-q-cap-39.txt).  The sweep space
-# "fused_indexer_q_rope_quant [FP8] maxnreg" times the alternatives on other cards.
+# choice.  Measured with the NoPE half held as fp32 (Triton 3.6: 86 registers, 5 programs of 4
+# warps per SM; the set-C contraction order accounts for ten of them: the other order builds
+# with 76): on an H100 the uncapped build was the fastest of none / 72 / 80 / 88 at 65536
+# tokens (543.8 us; 80: 551.3) and level with 72 at 4096 (42.6 / 42.4 us; 80: 45.2), although
+# 80 gives Triton 3.6 the 76 registers of 9e78256's build (h100-indexer-q-cap-39.txt).  The
+# default NoPE mode below needs 64.  The sweep space "fused_indexer_q_rope_quant [FP8] maxnreg"
+# times the alternatives on other cards.
 INDEXER_Q_FP8_MAXNREG = None
 # How the FP8 split path keeps the NoPE half from its load to its codes (the amax needs the
 # rotated RoPE half first); the bytes are the same in every mode:
-#   "fp32"    held as fp32 values.  Triton 3.6: 86 registers, 1112 sm_90 instructions.
+#   "words"   held as its bf16 pair words: q read through an int32 view, the NoPE amax taken on
+#             the words' bit patterns, each pair's two codes written as one int16 (on NVIDIA
+#             by one cvt.rn.satfinite.e4m3x2), where the rows of q are 4-byte and those of q_out
+#             2-byte aligned; else "fp32".  Triton 3.6 for sm_90: 64 registers, 694
+#             instructions, 8 programs of 4 warps per SM.  On an H100, against "fp32" in the
+#             same sweep: 41.2 against 42.8 us at 4096 tokens, 539.8 against 541.2 at 65536
+#             (h100-indexer-q-words-41.txt).
+#   "fp32"    held as fp32 values.  Triton 3.6: 86 registers, 1100 instructions, 5 programs.
 #   "reload"  loaded a second time for the codes (every load precedes every store).  Triton 3.6:
-#             66 registers; on an H100 slower: 572.9 against 543.2 us at 65536 tokens, 43.9
-#             against 42.6 at 4096 (h100-indexer-q-reload-40.txt).
-#   "words"   held as its bf16 pair words (q read through an int32 view and each pair's codes
-#             written as one int16, where the rows of q are 4-byte and those of q_out 2-byte
-#             aligned; else "fp32"), the NoPE amax taken on their bit patterns.  Triton 3.6:
-#             74 registers, 976 instructions (Triton 3.9: 962 against 1099).
+#             66 registers; on an H100 slower than "fp32": 572.9 against 543.2 us at 65536
+#             tokens, 43.9 against 42.6 at 4096 (h100-indexer-q-reload-40.txt).
 # The sweep space "fused_indexer_q_rope_quant [FP8] nope" times the three.
-INDEXER_Q_FP8_NOPE = "fp32"
+INDEXER_Q_FP8_NOPE = "words"
 _NOPE_MODES = ("fp32", "reload", "words")
 
 
@@ -882,33 +895,36 @@ def _register_aot() -> None:
          "out_ptr": "*u8", "sc_ptr": "*u8", "wo_ptr": "*fp32"}
     base = {"D": 128, "NOPE": 64, "HALF": 32, "BLOCK_T": 1, "BLOCK_H": 64, "BLOCK_P": 64,
             "OFF64": False}
-    for tag, fp4, fnuz, hw, targets in (("fp8-ocp-hw", False, False, True, _CUDA + ("gfx950",)),
+    # FP8: the default NoPE mode ("words": q an int32 view, q_out an int16 view); NVIDIA builds
+    # it with the paired PTX convert.  MXFP4 at production shapes: the split path reading
+    # pairs as int32 words.  The NVIDIA variants as launched at decode sizes (PDL prologue).
+    words = INDEXER_Q_FP8_NOPE == "words"
+    for tag, fp4, fnuz, hw, targets in (("fp8-ocp-hw", False, False, True, _CUDA),
                                         ("fp8-ocp", False, False, False, _ALL),
                                         ("fp8-fnuz", False, True, False, _ALL),
                                         ("mxfp4", True, False, False, _ALL),
                                         ("mxfp4-hw", True, False, True, _CUDA)):
-        # MXFP4 at production shapes: the split path reading pairs as int32 words
-        # the NVIDIA variants as launched at decode sizes (PDL prologue)
-        c = dict(base, USE_FP4=fp4, FNUZ=fnuz, CVT_HW=hw, WO_BF16=fp4, SPLIT=True, WORDS=fp4,
-                 PTX=fp4 and hw, PDL=hw and targets == _CUDA)
-        pp = dict(p, wo_ptr="*i16", q_ptr="*i32") if fp4 else p
+        pairs = fp4 or words
+        c = dict(base, USE_FP4=fp4, FNUZ=fnuz, CVT_HW=hw, WO_BF16=fp4, SPLIT=True, WORDS=pairs,
+                 PTX=pairs and hw, PDL=hw and targets == _CUDA,
+                 RELOAD_NOPE=not fp4 and INDEXER_Q_FP8_NOPE == "reload")
+        pp = dict(p, q_ptr="*i32") if pairs else p
+        pp = dict(pp, wo_ptr="*i16") if fp4 else dict(pp, out_ptr="*i16") if words else pp
         register(AotSpec(f"rope_kernels._indexer_q_kernel[{tag}]", _indexer_q_kernel,
                          _aot_signature(_indexer_q_kernel, pp, ("softmax_scale", "head_scale")),
                          c, num_warps=4, targets=targets,
                          divisible=("q_ptr", "out_ptr", "s_q0", "s_q1", "s_o0", "s_o1"),
                          maxnreg=INDEXER_Q_FP8_MAXNREG if hw and not fp4 else None))
-    # the FP8 NVIDIA builds of the other NoPE modes (INDEXER_Q_FP8_NOPE), for their SASS:
-    # the NoPE half loaded again for its codes; held as bf16 pair words (q an int32 view)
+    # the FP8 NVIDIA builds of the other NoPE modes, for their SASS (and gfx950's hardware
+    # converts, held as fp32): held as fp32 values; loaded again for the codes
     c = dict(base, USE_FP4=False, FNUZ=False, CVT_HW=True, WO_BF16=False, SPLIT=True, WORDS=False,
-             PTX=False, PDL=True, RELOAD_NOPE=True)
-    register(AotSpec("rope_kernels._indexer_q_kernel[fp8-ocp-hw-reload]", _indexer_q_kernel,
-                     _aot_signature(_indexer_q_kernel, p, ("softmax_scale", "head_scale")),
-                     c, num_warps=4, targets=_CUDA,
-                     divisible=("q_ptr", "out_ptr", "s_q0", "s_q1", "s_o0", "s_o1")))
-    register(AotSpec("rope_kernels._indexer_q_kernel[fp8-ocp-hw-words]", _indexer_q_kernel,
-                     _aot_signature(_indexer_q_kernel, dict(p, q_ptr="*i32", out_ptr="*i16"), ("softmax_scale", "head_scale")),
-                     dict(c, RELOAD_NOPE=False, WORDS=True), num_warps=4, targets=_CUDA,
-                     divisible=("q_ptr", "out_ptr", "s_q0", "s_q1", "s_o0", "s_o1")))
+             PTX=False, PDL=True, RELOAD_NOPE=False)
+    for tag, reload, targets in (("fp8-ocp-hw-fp32", False, _CUDA + ("gfx950",)),
+                                 ("fp8-ocp-hw-reload", True, _CUDA)):
+        register(AotSpec(f"rope_kernels._indexer_q_kernel[{tag}]", _indexer_q_kernel,
+                         _aot_signature(_indexer_q_kernel, p, ("softmax_scale", "head_scale")),
+                         dict(c, RELOAD_NOPE=reload, PDL=targets == _CUDA), num_warps=4, targets=targets,
+                         divisible=("q_ptr", "out_ptr", "s_q0", "s_q1", "s_o0", "s_o1")))
 
     # §4 inverse RoPE: 8 heads per group, Dh 512 = 448 + 64.
     p = {"o_ptr": "*bf16", "pos_ptr": "*i64", "cs_ptr": "*fp32", "out_ptr": "*u8", "sc_ptr": "*fp32"}
