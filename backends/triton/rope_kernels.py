@@ -263,8 +263,9 @@ def _indexer_q_kernel(
             xe, xo = _word_halves(wn)
             if PTX and not FNUZ:
                 # one cvt.rn.satfinite.e4m3x2 per pair (NaN -> 0x7F, this op's NaN code).
-                # Two converts joined by shift and or are mis-built by Triton 3.6 for sm_90:
-                # the low code of every second pair came out as 0xFD on an H100.
+                # Two converts joined by shift and or are mis-built for sm_90 by ptxas 12.8
+                # (Triton 3.6's): the low code of every second pair is taken from the stack
+                # pointer register (0xFD on an H100; h100-indexer-q-words-41.txt).
                 cn = _e4m3x2(xe * inv, xo * inv)
                 cr = _e4m3x2(ne * inv, no * inv)
             else:
