@@ -307,6 +307,19 @@ def _e4m3_code(x, FNUZ: tl.constexpr, CVT_HW: tl.constexpr, NAN_CODE: tl.constex
 
 
 @triton.jit
+def _e4m3_pair(lo, hi, FNUZ: tl.constexpr, CVT_HW: tl.constexpr, PTX: tl.constexpr):
+    """``_e4m3_code(lo) | _e4m3_code(hi) << 8`` (NaN -> 0x7F) as int16.  OCP with PTX: one
+    ``cvt.rn.satfinite.e4m3x2``, whose NaN is 0x7F.  Two converts joined by shift and or are
+    mis-built for sm_90 by ptxas 12.8 (Triton 3.6's): the upper code's byte is taken from the
+    stack pointer register (docs/measurements/h100-indexer-q-words-41.txt)."""
+    if PTX and not FNUZ:
+        return _e4m3x2(lo, hi)
+    else:
+        code = _e4m3_code(lo, FNUZ, CVT_HW, 0x7F) | (_e4m3_code(hi, FNUZ, CVT_HW, 0x7F) << 8)
+        return code.to(tl.int16)
+
+
+@triton.jit
 def _word_halves(w):
     """The two bf16 values of int32 pair words as fp32: (low half, high half)."""
     return (w << 16).to(tl.float32, bitcast=True), (w & -65536).to(tl.float32, bitcast=True)

@@ -47,7 +47,7 @@ from .numerics import (  # noqa: F401
     _rn_bf16,
     _bf16_bits_i32,
     _e4m3_code,
-    _e4m3x2,
+    _e4m3_pair,
     _word_halves,
     _ceil_exp_bits,
     _e2m1_code_search,
@@ -261,21 +261,12 @@ def _indexer_q_kernel(
             # out_ptr an int16 view: each pair's two codes stored as one int16 in the words'
             # own layout (joined into byte rows they would cross lanes through shared memory)
             xe, xo = _word_halves(wn)
-            if PTX and not FNUZ:
-                # one cvt.rn.satfinite.e4m3x2 per pair (NaN -> 0x7F, this op's NaN code).
-                # Two converts joined by shift and or are mis-built for sm_90 by ptxas 12.8
-                # (Triton 3.6's): the low code of every second pair is taken from the stack
-                # pointer register (0xFD on an H100; h100-indexer-q-words-41.txt).
-                cn = _e4m3x2(xe * inv, xo * inv)
-                cr = _e4m3x2(ne * inv, no * inv)
-            else:
-                # the integer encoders (ROCm, XPU, FNUZ; and the interpreter's casts)
-                cn = _e4m3_code(xe * inv, FNUZ, CVT_HW, 0x7F) | (_e4m3_code(xo * inv, FNUZ, CVT_HW, 0x7F) << 8)
-                cr = _e4m3_code(ne * inv, FNUZ, CVT_HW, 0x7F) | (_e4m3_code(no * inv, FNUZ, CVT_HW, 0x7F) << 8)
+            cn = _e4m3_pair(xe * inv, xo * inv, FNUZ, CVT_HW, PTX)
+            cr = _e4m3_pair(ne * inv, no * inv, FNUZ, CVT_HW, PTX)
             pn = tl.arange(0, NOPE // 2)[None, None, :]
-            tl.store(out_ptr + orow[:, :, None] + pn, cn.to(tl.int16), mask=m3)
+            tl.store(out_ptr + orow[:, :, None] + pn, cn, mask=m3)
             pr = tl.arange(0, HALF)[None, None, :]
-            tl.store(out_ptr + orow[:, :, None] + NOPE // 2 + pr, cr.to(tl.int16), mask=m3)
+            tl.store(out_ptr + orow[:, :, None] + NOPE // 2 + pr, cr, mask=m3)
         else:
             cn = _e4m3_code(xn * inv, FNUZ, CVT_HW, 0x7F).to(tl.uint8)
             tl.store(out_ptr + orow[:, :, None] + dn, cn, mask=m3)
@@ -383,11 +374,13 @@ def fused_indexer_q_rope_quant(
     if (use_fp4 and split) or nope_mode == "words":
         # the MXFP4 split path (and the FP8 one holding NoPE words) reads pairs: as int32
         # words where rows are 4-byte aligned
-        words = (index_q.data_ptr() % 4 == 0 and index_q.stride(0) % 2 == 0
-                 and index_q.stride(1) % 2 == 0 and index_q.storage_offset() % 2 == 0)
+        # (one test per tensor: the address, and every row start, at a multiple of 4 bytes)
+        sq = index_q.stride()
+        words = (index_q.data_ptr() | 2 * (sq[0] | sq[1])) % 4 == 0
         if not use_fp4:
             # and writes each pair's codes as one int16: rows of q_out 2-byte aligned too
-            words = words and out.data_ptr() % 2 == 0 and out.stride(0) % 2 == 0 and out.stride(1) % 2 == 0
+            so = out.stride()
+            words = words and (out.data_ptr() | so[0] | so[1]) % 2 == 0
             if words:
                 out = out.view(torch.int16)
         if words:
