@@ -464,6 +464,41 @@ def test_gather(flavour, fnuz, width):
           [out, cache, seq, gl, table, 16, 3, fnuz], [0])
 
 
+@pytest.mark.parametrize("width", [584, 288])
+def test_gather_table_read_stays_in_its_row(flavour, width):
+    """The kernel reads the block table at the logical block clamped into the row: a table of
+    width 0, and rows whose logical block is past the width or whose position is negative
+    (gather_lens > seq_lens), are written as zeros and nothing else moves; the rows in range
+    are the plain gather's.  The table is a column slice of a wider tensor of valid block ids,
+    so a row past the width written from the clamped entry, or from the one past the slice,
+    would show as data."""
+    cache, seq, _, out = _gather_case(width, seed=5)
+    wide = torch.tensor([[3, 1, 5, 0, 2, 4]] * 4, dtype=torch.int32)
+    canary = _storage(out).clone()
+    a = _clone(out)
+    CK.dequantize_and_gather_k_cache(a, cache, seq, None, wide[:, :0], 16, 0, False)
+    rows = [min(int(n), 48) for n in seq]
+    want = canary.view(4, 48, 1024).clone()
+    for r, n in enumerate(rows):
+        want[r, :n] = 0
+    assert torch.equal(_storage(a), want.flatten())
+
+    # width 2 = 32 positions: request 0 (L 37) has positions 32..36 past it; with
+    # gather_lens 40 > L its first three rows have negative positions
+    table = wide[:, :2]
+    gl = torch.tensor([40, 5, 0, 20], dtype=torch.int32)
+    a = _clone(out)
+    CK.dequantize_and_gather_k_cache(a, cache, seq, gl, table, 16, 0, False)
+    got = a.view(torch.int16)
+    assert (got[0, :3] == 0).all() and (got[0, 3 + 32:40] == 0).all()
+    assert torch.equal(a[0, 40:].view(torch.uint8), canary.view(4, 48, 1024)[0, 40:])
+    plain = _clone(out)[:1, :32]
+    CK.dequantize_and_gather_k_cache(plain, cache, torch.tensor([32], dtype=torch.int32), None,
+                                     table[:1], 16, 0, False)
+    assert torch.equal(got[0, 3:35], plain.view(torch.int16)[0])
+    assert (got[0, 3:35] != 0).any()
+
+
 @pytest.mark.parametrize("width", [584, 528, 288])
 def test_gather_misaligned_narrow_grid(flavour, width):
     """Odd cache base / page stride and a grid of one worker per request (the loop)."""

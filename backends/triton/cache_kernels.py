@@ -753,6 +753,10 @@ def _gather_kernel(
     # position L - n + i is below L < 2^31 once i >= first, so its 32-bit sum is exact.
     # num_blocks is at most 2^31 - 1 (the launcher caps it): a block id of the int32 table is
     # in range when it is below it as an unsigned number (negative ids are >= 2^31 there).
+    # The table is read at the logical block clamped into its row and the row guards are
+    # applied after the read, not as the read's mask: with them as its mask, Triton 3.6 read
+    # the table six times per program instead of three, and the 584 gather at 4096 rows took
+    # 3.4 % longer than without guards on an H100, against 1.7 % this way (docs/decisions.md).
     L = tl.load(seq_lens_ptr + r).to(tl.int64)
     if HAS_GL:
         n = tl.load(gather_lens_ptr + r).to(tl.int64)
@@ -767,14 +771,14 @@ def _gather_kernel(
         i = i0 + tl.arange(0, BLOCK_T)
         m = i < n_out
         pm = m & (i >= first)
-        # unsigned, so the page index is a shift; where pm is false, every load is masked off
-        # and the values below are not used
-        pc = (start + i).to(tl.uint32, bitcast=True)
-        j = pc // block_size
-        jm = pm & (j < bt_width)
-        blk = tl.load(bt_ptr + r64 * bt_s0 + j, mask=jm, other=-1)
-        ok = jm & (blk.to(tl.uint32, bitcast=True) < num_blocks)
-        tok = (pc - j * block_size).to(tl.int32, bitcast=True)
+        # where pm is false (p negative or wrapped), jc still lies in the row, ok is false
+        # and every cache load is masked off: the values below are not used
+        p = start + i
+        j = p // block_size
+        jc = tl.minimum(tl.maximum(j, 0), bt_width - 1)  # -1 only for an empty table
+        blk = tl.load(bt_ptr + r64 * bt_s0 + jc, mask=jc >= 0, other=-1)
+        ok = pm & (j < bt_width) & (blk.to(tl.uint32, bitcast=True) < num_blocks)
+        tok = p - j * block_size
         page = blk.to(tl.int64) * page_stride
         orow = r64 * out_s0 + (offset + i).to(tl.int64) * out_s1
         if REC == 288:
