@@ -36,7 +36,7 @@ DEFAULT_ORDER = ("cuda:cutedsl", "cuda:triton", "rocm", "xpu", "cpu", "reference
 # has the numbers).  A delta, so a backend added to DEFAULT_ORDER is never left out of an op.
 MEASURED_ORDER: dict = {
     # H200 (sm_90), `python -m dsv41 bench --device cuda`, cold-L2 timing (docs/performance.md,
-    # docs/measurements/h200-bench-9.json): the Triton indexer-Q kernel beats the CuTe one at
+    # docs/measurements/h200-bench-9.json.xz): the Triton indexer-Q kernel beats the CuTe one at
     # 65536 tokens (FP8 0.96 vs 0.84 of copy, MXFP4 0.77 vs 0.35) and under CUDA-graph replay
     # at 1-64 tokens; the Triton gather too (65536 rows: 584 1.01 vs 0.77, 528 1.02 vs 0.60,
     # 288 1.01 vs 1.02, a tie; CUDA-graph replay at 1-64 tokens: 584 / 528 1.2-1.45 vs

@@ -133,13 +133,13 @@ CONFIG = tuning.Settings({
     # register cap (ptxas maxnreg) of the CR-2 pair programs; None: the compiler's choice.
     # 64: the compiler's 70 registers held an SM to 28 one-warp programs (Nsight Compute:
     # 40 % occupancy, DRAM 80 %); at 64 the 32-block limit binds (H200 sweeps at 65536 tokens,
-    # h200-sweep-9-call1.jsonl: median 0.942 of copy against 0.925 uncapped, 0.929 at 56).
-    # With prev_rows (H100, h100-sweep-37-cr2-maxnreg.jsonl): 72, 80 and uncapped within 0.01.
+    # h200-sweep-9-call1.jsonl.xz: median 0.942 of copy against 0.925 uncapped, 0.929 at 56).
+    # With prev_rows (H100, h100-sweep-37-cr2-maxnreg.jsonl.xz): 72, 80 and uncapped within 0.01.
     "norm2_maxnreg": 64,
     # CR 2 on SM90+: the ring save (second launch) is a PDL launch at every size and loads
     # its rows while the pooling kernel runs, waiting for it only before its stores; False:
     # PDL at decode sizes only and the wait before any load.  H200 sweep (five interleaved
-    # passes at 65536 tokens, h200-sweep-9-call1.jsonl): 0.936-0.960 of copy (median 0.942,
+    # passes at 65536 tokens, h200-sweep-9-call1.jsonl.xz): 0.936-0.960 of copy (median 0.942,
     # ten passes) against 0.902-0.919 for False; CUDA-graph replay at 1 / 8 / 64 tokens
     # 2.37 / 2.44 / 2.55 us against 2.56 / 2.72 / 2.85
     "ring_pdl": True,

@@ -320,8 +320,8 @@ def _topk_plan(N, K, s_in, s_out, tab, compact, pdl):
     (``tuning.remembered``, keyed with ``launch.DECODE_T``, which the shape depends on)."""
     # One token per program, whole rows (up to 2048 columns) in one step: at decode sizes
     # with 16 warps (latency; 2.65 against 2.85 us with 8 at 64 rows, H200 sweep without PDL,
-    # h200-sweep-5-topk-nopdl.jsonl), at prefill sizes with 4 (bandwidth; H100 sweep at 65536
-    # rows, h100-sweep-26-topk-65536.jsonl: 1.00 of copy, 8 / 16 warps 1.01 / 0.98, 1024 or
+    # h200-sweep-5-topk-nopdl.jsonl.xz), at prefill sizes with 4 (bandwidth; H100 sweep at 65536
+    # rows, h100-sweep-26-topk-65536.jsonl.xz: 1.00 of copy, 8 / 16 warps 1.01 / 0.98, 1024 or
     # 512 columns 0.80-1.00; at 4096 rows no shape above its 0.97, h100-bench-26-topk.txt).
     if N * K <= 1024 * 2048:
         block_r, block_c, warps = 1, min(_pow2(K), 2048), 16 if N <= launch.DECODE_T else 8

@@ -89,10 +89,10 @@ def _m(source: str, **shape) -> Measured:
     return Measured(shape, source)
 
 
-_S2, _S3, _S5 = "h200-sweep-2.txt", "h200-sweep-3.txt", "h200-sweep-5.jsonl"
-_S11 = "h100-sweep-11-index-builders.jsonl"
-_S13 = "h100-sweep-13-norms.jsonl"
-_S36 = "h100-sweep-36-qkv-decode.jsonl"
+_S2, _S3, _S5 = "h200-sweep-2.txt", "h200-sweep-3.txt", "h200-sweep-5.jsonl.xz"
+_S11 = "h100-sweep-11-index-builders.jsonl.xz"
+_S13 = "h100-sweep-13-norms.jsonl.xz"
+_S36 = "h100-sweep-36-qkv-decode.jsonl.xz"
 
 TABLE: dict = {
     # cache kernels (BLOCK_T tokens per program, num_warps)
@@ -111,7 +111,7 @@ TABLE: dict = {
     "norm1:None": _m(_S2, BLOCK_T=1, num_warps=2), "norm1:None:decode": _m(_S2, BLOCK_T=1, num_warps=4),
     # CR 2 beyond decode sizes: pair programs (two tokens, BLOCK_T 1) of one warp (0.88 of
     # copy; 2 / 4 warps 0.83 / 0.84)
-    "norm2:None": _m("h200-sweep-6-call2.jsonl", BLOCK_T=1, num_warps=1),
+    "norm2:None": _m("h200-sweep-6-call2.jsonl.xz", BLOCK_T=1, num_warps=1),
     # decode sizes: one token per program, 4 warps (H100 sweep, CUDA-graph replay at 64 tokens:
     # 2.47 us; 8 warps 3.65, 1 / 2 warps 2.93 / 2.94; sm_90 SASS 466 instructions against 1039
     # with 8 warps, whose layout repeats the vLLM-order sum of squares in every thread)
@@ -124,12 +124,12 @@ TABLE: dict = {
     # whole quant group: no cross-warp step for its max; 1.19 / 1.20 / 1.22 / 1.27 us at
     # 1 / 2 / 4 / 8 tokens, against 1.31 / 1.21 / 1.19 / 1.39 for 1 x 4 heads x 4 warps);
     # 9-64 tokens 4 x 4 x 128 (1.78-1.88 us at 64; whole rows of 4 x 1 1.97-1.98)
-    "fused_inv_rope_fp8_quant:tiny": _m("h200-sweep-8-call3.jsonl",
+    "fused_inv_rope_fp8_quant:tiny": _m("h200-sweep-8-call3.jsonl.xz",
                                         BLOCK_T=1, BLOCK_H=1, num_warps=1, BLOCK_D=128),
-    "fused_inv_rope_fp8_quant:decode": _m("h200-sweep-7-call2-inv-decode.jsonl",
+    "fused_inv_rope_fp8_quant:decode": _m("h200-sweep-7-call2-inv-decode.jsonl.xz",
                                           BLOCK_T=4, BLOCK_H=4, num_warps=4, BLOCK_D=128),
     # one warp per row: its reductions stay in warp shuffles (H200: 0.77 of copy at 65536 rows,
-    # 0.54 with 2 rows x 2 warps; H100, h100-sweep-36-qkv-decode.jsonl: 1.00, one row x 2 warps
+    # 0.54 with 2 rows x 2 warps; H100, h100-sweep-36-qkv-decode.jsonl.xz: 1.00, one row x 2 warps
     # 0.88, x 4 warps 0.75-0.84)
     "fused_q_kv_rmsnorm_quant": _m(_S2, BLOCK_T=1, num_warps=1),
     # decode sizes: one Q row per program of 4 warps, KV rows two per program (H100 sweep,
@@ -147,8 +147,8 @@ TABLE: dict = {
     # holds the row: sm_90 SASS of the prefill path, 490 warp-instructions per row against 762
     # for 2 rows x 512 x 64 with 4 warps.  H100 sweeps (the kernel with CR still a run-time
     # value), 65536 / 4096 rows: 107.1 / 12.2 us against 113.1 / 13.3 for that shape, the best
-    # of the grid at both sizes (h100-sweep-30-flashinfer-4096.jsonl the other size).
-    "build_flashinfer_mixed_sparse_indices": _m("h100-sweep-30-flashinfer-65536.jsonl", BLOCK_R=1,
+    # of the grid at both sizes (h100-sweep-30-flashinfer-4096.jsonl.xz the other size).
+    "build_flashinfer_mixed_sparse_indices": _m("h100-sweep-30-flashinfer-65536.jsonl.xz", BLOCK_R=1,
                                                 BLOCK_C=512, BLOCK_W=64, num_warps=1),
 }
 
